@@ -1,0 +1,66 @@
+"""The project's one timing function (GPU only).
+
+Two methods side by side, as DESIGN.md asks:
+* ``cold``: ``triton.testing.do_bench`` median (it flushes L2 between repetitions);
+* ``graph``: warm CUDA-graph replay of ``n_inner`` back-to-back calls (the AReaL-TIK evaluator's
+  method), median over rounds, divided by ``n_inner``.
+Ratios are always computed against baselines timed by this same function in the same process.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+
+def time_cold_us(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) * 1e3
+
+
+def time_graph_us(fn: Callable[[], object], *, n_inner: int = 10, rounds: int = 15) -> float:
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n_inner):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / n_inner)
+    del g
+    return float(statistics.median(times))
+
+
+def time_both(fn: Callable[[], object], *, graph: bool = True, **kw) -> dict:
+    """``{"cold_us": ..., "graph_us": ...}``; ``graph_us`` is None when ``graph=False`` or capture fails."""
+    out = {"cold_us": time_cold_us(fn)}
+    out["graph_us"] = None
+    if graph:
+        try:
+            out["graph_us"] = time_graph_us(fn, **kw)
+        except Exception as e:  # a baseline that cannot be captured is reported, not hidden
+            out["graph_error"] = f"{type(e).__name__}: {e}"[:200]
+    return out
+
+
+def ratio(baseline: dict, ours: dict, key: str) -> float | None:
+    b, o = baseline.get(key), ours.get(key)
+    if b is None or o is None or o <= 0:
+        return None
+    return b / o

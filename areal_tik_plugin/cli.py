@@ -1,0 +1,86 @@
+"""``tik`` command line. Each subcommand lives in a module with ``register(subparsers)``; heavy
+imports happen inside the handlers."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+# name -> module with register(subparsers); add a line when a subcommand lands.
+SUBCOMMAND_MODULES = [
+    "areal_tik_plugin.cli",  # evidence, kernels (below)
+]
+
+
+def _cmd_evidence(args) -> int:
+    from areal_tik_plugin import evidence, loader
+
+    impl = loader.load_implementation(loader.resolve_path(args.implementation or loader.selected_name("sm_90")))
+    s = evidence.summary(impl)
+    if args.json:
+        print(json.dumps(s, indent=2))
+    else:
+        print(f"implementation {s['implementation']}  source hash {s['source_hash'][:16]}")
+        print(f"{'op':<12}{'evidence':>9}{'passed':>8}{'failed':>8}  benchmarks (geomean ratio baseline/ours)")
+        for op, v in s["ops"].items():
+            b = ", ".join(f"{k} {x['geomean']:.2f}" for k, x in v["benchmarks"].items())
+            print(f"{op:<12}{'yes' if v['evidence_matches_hash'] else 'NO':>9}{v['checks_passed']:>8}{v['checks_failed']:>8}  {b}")
+    return 0 if s["all_ok"] or not args.strict else 1
+
+
+def _cmd_kernels(args) -> int:
+    from areal_tik_plugin import loader
+
+    if args.action == "list":
+        for name in loader.list_implementations():
+            path = loader.resolve_path(name)
+            man = loader.read_manifest(path)
+            actual = loader.compute_source_hash(path)
+            state = "ok" if actual == man["source_hash"] else "HASH MISMATCH"
+            print(f"{name:<20} {actual[:16]}  {state}  ops: {', '.join(sorted(man['entry_points']))}")
+        sel = {a: loader.selected_name(a) for a in ("cpu", "sm_80", "sm_90")}
+        print("selected:", sel)
+        return 0
+    if args.action == "rehash":
+        if not args.name:
+            print("tik kernels rehash NAME", file=sys.stderr)
+            return 2
+        print(loader.write_manifest_hash(loader.resolve_path(args.name)))
+        return 0
+    return 2
+
+
+def register(sub) -> None:
+    p = sub.add_parser("evidence", help="summary of committed GPU evidence for the selected implementation")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--implementation", default=None)
+    p.add_argument("--strict", action="store_true", help="exit 1 unless every op has passing evidence")
+    p.set_defaults(func=_cmd_evidence)
+    p = sub.add_parser("kernels", help="list implementations / recompute a manifest hash")
+    p.add_argument("action", choices=["list", "rehash"])
+    p.add_argument("name", nargs="?")
+    p.set_defaults(func=_cmd_kernels)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tik", description="areal-tik-plugin: unified bitwise kernels for AReaL")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    for modname in SUBCOMMAND_MODULES:
+        mod = sys.modules[__name__] if modname == __name__ else importlib.import_module(modname)
+        mod.register(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if not getattr(args, "func", None):
+        ap.print_help()
+        return 0
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

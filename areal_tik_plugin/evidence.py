@@ -1,0 +1,112 @@
+"""GPU evidence: JSON written only by ``python -m areal_tik_plugin.gpu`` on a GPU, committed under
+``evidence/<implementation>/``, bound to the implementation's source hash and the environment.
+
+``tik evidence --json`` summarizes it per op; ``tests/test_evidence.py`` fails when the selected
+implementation has no passing evidence for its current hash.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+SCHEMA = "areal-tik-evidence/1"
+
+
+def repo_evidence_dir() -> str:
+    env = os.environ.get("TIK_EVIDENCE_DIR")
+    if env:
+        return env
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(here, "evidence")
+
+
+def environment() -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception:  # pragma: no cover
+        env["triton"] = None
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env.update(gpu=p.name, sm=f"{p.major}{p.minor}", sms=p.multi_processor_count, cuda=torch.version.cuda)
+        try:
+            import subprocess
+
+            env["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20,
+            ).stdout.strip()
+        except Exception:
+            env["driver"] = None
+    return env
+
+
+def load_all(impl_name: str | None = None, root: str | None = None) -> list[dict[str, Any]]:
+    root = root or repo_evidence_dir()
+    pattern = os.path.join(root, impl_name or "*", "*.json")
+    out = []
+    for p in sorted(glob.glob(pattern)):
+        with open(p) as f:
+            try:
+                rec = json.load(f)
+            except json.JSONDecodeError:
+                continue
+        if rec.get("schema") != SCHEMA:
+            continue
+        rec["_path"] = p
+        out.append(rec)
+    return out
+
+
+def summary(impl=None, root: str | None = None) -> dict[str, Any]:
+    """Per-op summary for the implementation (default: the selected one)."""
+    from areal_tik_plugin import loader
+
+    if impl is None:
+        impl = loader.load_implementation(loader.resolve_path(loader.selected_name("sm_90")))
+    recs = [r for r in load_all(impl.name, root) if r.get("source_hash") == impl.source_hash]
+    ops_declared = sorted({e.split(".")[0] for e in impl.manifest["entry_points"]})
+    per_op: dict[str, Any] = {}
+    for op in ops_declared:
+        passed = failed = 0
+        bench: dict[str, Any] = {}
+        files = []
+        for r in recs:
+            op_rec = r.get("ops", {}).get(op)
+            if not op_rec:
+                continue
+            files.append(os.path.relpath(r["_path"], os.path.dirname(root or repo_evidence_dir())))
+            for c in op_rec.get("checks", []):
+                if c.get("passed"):
+                    passed += 1
+                else:
+                    failed += 1
+            for bname, b in op_rec.get("bench_summary", {}).items():
+                bench[bname] = b
+        per_op[op] = {
+            "implementation": impl.name,
+            "source_hash": impl.source_hash,
+            "evidence_matches_hash": bool(files),
+            "checks_passed": passed,
+            "checks_failed": failed,
+            "ok": bool(files) and passed > 0 and failed == 0,
+            "benchmarks": bench,
+            "files": files,
+        }
+    return {
+        "implementation": impl.name,
+        "source_hash": impl.source_hash,
+        "evidence_files": [os.path.basename(r["_path"]) for r in recs],
+        "environments": sorted({json.dumps(r.get("env", {}).get("gpu")) for r in recs}),
+        "ops": per_op,
+        "all_ok": all(v["ok"] for v in per_op.values()),
+    }

@@ -1,0 +1,10 @@
+"""GPU contract suite + benchmarks: ``python -m areal_tik_plugin.gpu --out DIR``.
+
+Each op has a module here with ``run_checks(rec, quick)`` (bitwise contract + accuracy) and
+``run_bench(rec, quick)`` (latency vs baselines, both timing methods). The runner writes one evidence
+JSON bound to the implementation's source hash and the environment (see :mod:`areal_tik_plugin.evidence`).
+"""
+
+OP_MODULES = {
+    "attention": "areal_tik_plugin.gpu.attention",
+}

@@ -1,0 +1,517 @@
+"""Unified causal attention: full-sequence (varlen), extend over a paged KV cache, paged decode.
+
+Token invariance (see ``contract.py``): for a query row at absolute position ``i`` every path
+computes, with the same instructions,
+
+    for each split s of ATTN_SPLIT_KV keys (absolute positions), in order:
+        (m_s, l_s, acc_s) = online softmax over the split's ATTN_KV_TILE-wide key tiles <= i
+        (M, L, ACC)      = merge((M, L, ACC), (m_s, l_s, acc_s))
+    out = ACC / L
+
+Full-sequence and extend run the splits in sequence inside one program (cheap register merges);
+decode runs them in parallel programs and merges the partial states in a second kernel in the same
+order with the same helper. Row sums of P come out of the tensor cores (``dot(P, ones)``) so they do
+not depend on the register layout of a tile, and FP contraction is off so ``a*b+c`` is never fused
+differently on two paths.
+
+KV addressing (constexpr ``KV_LAYOUT``):
+    0  contiguous packed   k[total_k, Hkv, D] with per-sequence start offsets
+    1  token table         k_pool[slots, Hkv, D], slot = table[row, pos]          (SGLang page size 1)
+    2  page table          k_pool[slots, Hkv, D], slot = table[row, pos // P] * P + pos % P
+    3  dense cache         k_cache[B, S, Hkv, D]  (decode only)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import contract as C
+
+LOG2E = 1.4426950408889634
+
+# Free knobs (may differ per path; bits do not depend on them).
+PREFILL_BLOCK_M = {"gpu": 128, "cpu": 32}
+PREFILL_WARPS = 8
+PREFILL_STAGES = 2
+DECODE_WARPS = 4
+DECODE_STAGES = 2
+BWD_BLOCK = {"gpu": 64, "cpu": 32}
+BWD_WARPS = 4
+
+KNOBS = {
+    "coupled": {"ATTN_KV_TILE": C.ATTN_KV_TILE, "ATTN_SPLIT_KV": C.ATTN_SPLIT_KV},
+    "free": {
+        "PREFILL_BLOCK_M": (64, 128),
+        "PREFILL_WARPS": (4, 8),
+        "PREFILL_STAGES": (1, 2, 3),
+        "DECODE_WARPS": (2, 4, 8),
+        "DECODE_STAGES": (1, 2, 3, 4),
+    },
+}
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _launch_opts(num_warps, num_stages):
+    if _interpreting():
+        return {}
+    return {"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": False}
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared helpers: the only place where softmax arithmetic is written.
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _online_step(m_i, l_i, acc, q, k, v, mask, qk_scale, ones):
+    """One KV tile of online softmax for a block of query rows (k: [TILE, D], v: [TILE, D])."""
+    s = tl.dot(q, tl.trans(k))
+    s = s * qk_scale
+    s = tl.where(mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    pb = p.to(v.dtype)
+    l_new = l_i * alpha + tl.max(tl.dot(pb, ones), 1)
+    acc = acc * alpha[:, None] + tl.dot(pb, v)
+    return m_new, l_new, acc
+
+
+@triton.jit
+def _merge(M, L, ACC, m_s, l_s, acc_s):
+    """Merge partial state (m_s, l_s, acc_s) into (M, L, ACC); elementwise, fixed formula."""
+    M_new = tl.maximum(M, m_s)
+    M_safe = tl.where(M_new == float("-inf"), 0.0, M_new)
+    a = tl.exp2(M - M_safe)
+    b = tl.exp2(m_s - M_safe)
+    L = L * a + l_s * b
+    ACC = ACC * a[:, None] + acc_s * b[:, None]
+    return M_new, L, ACC
+
+
+@triton.jit
+def _kv_offsets(pos, valid, row, table_ptr, table_stride, seq_base, h_kv, stride_t, stride_h,
+                KV_LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Element offsets (without the head-dim index) of K/V rows at absolute positions ``pos``."""
+    if KV_LAYOUT == 0:
+        off = (seq_base + pos).to(tl.int64) * stride_t
+    elif KV_LAYOUT == 1:
+        slot = tl.load(table_ptr + row.to(tl.int64) * table_stride + pos, mask=valid, other=0)
+        off = slot.to(tl.int64) * stride_t
+    elif KV_LAYOUT == 2:
+        page = tl.load(table_ptr + row.to(tl.int64) * table_stride + pos // PAGE_SIZE, mask=valid, other=0)
+        off = (page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE) * stride_t
+    else:  # dense [B, S, Hkv, D]: seq_base is b * stride_b in elements, stride_t is the S stride
+        off = seq_base.to(tl.int64) + pos.to(tl.int64) * stride_t
+    return off + h_kv * stride_h
+
+
+# ------------------------------------------------------------------------------------------------
+# Full-sequence / extend forward (one program = BLOCK_M query rows of one head of one sequence)
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, O, LSE,
+    cu_q, q_pos0,            # [B+1] packed q offsets; [B] absolute position of each seq's first query
+    kv_base,                 # layout 0: [B+1] packed kv offsets; else unused
+    table, table_stride, table_rows,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    lse_stride_h,
+    qk_scale,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+    TILE: tl.constexpr, SPLIT: tl.constexpr,
+    KV_LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, STORE_LSE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    h_kv = h // GROUP
+    q_start = tl.load(cu_q + b)
+    q_len = tl.load(cu_q + b + 1) - q_start
+    start_m = pid_m * BLOCK_M
+    if start_m >= q_len:
+        return
+    pos0 = tl.load(q_pos0 + b)
+    if KV_LAYOUT == 0:
+        seq_base = tl.load(kv_base + b)
+        row = b
+    else:
+        seq_base = 0
+        row = tl.load(table_rows + b)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    offs_n = tl.arange(0, TILE)
+    row_ok = offs_m < q_len
+    q_abs = pos0 + offs_m
+    q = tl.load(Q + (q_start + offs_m).to(tl.int64)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    ones = tl.full((TILE, 16), 1.0, tl.float32).to(q.dtype)
+
+    M = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    L = tl.zeros((BLOCK_M,), tl.float32)
+    ACC = tl.zeros((BLOCK_M, D), tl.float32)
+    hi = pos0 + tl.minimum(start_m + BLOCK_M, q_len)  # exclusive end of keys any row here needs
+    n_splits = tl.cdiv(hi, SPLIT)
+    for s in range(0, n_splits):
+        lo_s = s * SPLIT
+        hi_s = tl.minimum(lo_s + SPLIT, hi)
+        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l_i = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, D), tl.float32)
+        for start_n in range(lo_s, hi_s, TILE):
+            k_pos = start_n + offs_n
+            k_ok = k_pos < hi
+            koff = _kv_offsets(k_pos, k_ok, row, table, table_stride, seq_base, h_kv,
+                               stride_kt, stride_kh, KV_LAYOUT, PAGE_SIZE)
+            k = tl.load(K + koff[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
+            voff = _kv_offsets(k_pos, k_ok, row, table, table_stride, seq_base, h_kv,
+                               stride_vt, stride_vh, KV_LAYOUT, PAGE_SIZE)
+            v = tl.load(V + voff[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
+            mask = (k_pos[None, :] <= q_abs[:, None]) & k_ok[None, :]
+            m_i, l_i, acc = _online_step(m_i, l_i, acc, q, k, v, mask, qk_scale, ones)
+        M, L, ACC = _merge(M, L, ACC, m_i, l_i, acc)
+
+    out = ACC / L[:, None]
+    tl.store(O + (q_start + offs_m).to(tl.int64)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+             out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    if STORE_LSE:
+        tl.store(LSE + h * lse_stride_h + q_start + offs_m, M + tl.log2(L), mask=row_ok)
+
+
+# ------------------------------------------------------------------------------------------------
+# Decode: one query token per request; program = (request, kv head, split)
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _attn_decode_kernel(
+    Q, K, V, O, WS_ACC, WS_ML,
+    seq_lens, table, table_stride, table_rows,
+    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_ob, stride_oh,
+    ws_stride_b, ws_stride_h, ws_stride_s,
+    qk_scale,
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
+    TILE: tl.constexpr, SPLIT: tl.constexpr,
+    KV_LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h_kv = tl.program_id(1)
+    s = tl.program_id(2)
+    ctx = tl.load(seq_lens + b)
+    lo_s = s * SPLIT
+    if lo_s >= ctx:
+        return
+    hi_s = tl.minimum(lo_s + SPLIT, ctx)
+    n_splits = tl.cdiv(ctx, SPLIT)
+    if KV_LAYOUT == 3:
+        kbase = b * stride_kb
+        vbase = b * stride_vb
+        row = b
+    else:
+        kbase = 0
+        vbase = 0
+        row = tl.load(table_rows + b)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, D)
+    offs_n = tl.arange(0, TILE)
+    h_ok = offs_h < GROUP
+    heads = h_kv * GROUP + offs_h
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=h_ok[:, None], other=0.0)
+    ones = tl.full((TILE, 16), 1.0, tl.float32).to(q.dtype)
+    q_abs = ctx - 1
+
+    m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_H,), tl.float32)
+    acc = tl.zeros((BLOCK_H, D), tl.float32)
+    for start_n in range(lo_s, hi_s, TILE):
+        k_pos = start_n + offs_n
+        k_ok = k_pos < ctx
+        koff = _kv_offsets(k_pos, k_ok, row, table, table_stride, kbase, h_kv, stride_kt, stride_kh,
+                           KV_LAYOUT, PAGE_SIZE)
+        voff = _kv_offsets(k_pos, k_ok, row, table, table_stride, vbase, h_kv, stride_vt, stride_vh,
+                           KV_LAYOUT, PAGE_SIZE)
+        k = tl.load(K + koff[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
+        v = tl.load(V + voff[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
+        mask = (k_pos[None, :] <= q_abs) & k_ok[None, :] & (offs_h[:, None] >= 0)
+        m_i, l_i, acc = _online_step(m_i, l_i, acc, q, k, v, mask, qk_scale, ones)
+
+    if n_splits == 1:
+        M = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+        L = tl.zeros((BLOCK_H,), tl.float32)
+        ACC = tl.zeros((BLOCK_H, D), tl.float32)
+        M, L, ACC = _merge(M, L, ACC, m_i, l_i, acc)
+        out = ACC / L[:, None]
+        tl.store(O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=h_ok[:, None])
+    else:
+        wbase = b.to(tl.int64) * ws_stride_b + heads * ws_stride_h + s * ws_stride_s
+        tl.store(WS_ACC + wbase[:, None] * D + offs_d[None, :], acc, mask=h_ok[:, None])
+        tl.store(WS_ML + wbase * 2, m_i, mask=h_ok)
+        tl.store(WS_ML + wbase * 2 + 1, l_i, mask=h_ok)
+
+
+@triton.jit
+def _attn_decode_merge_kernel(
+    O, WS_ACC, WS_ML, seq_lens,
+    stride_ob, stride_oh, ws_stride_b, ws_stride_h, ws_stride_s,
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h_kv = tl.program_id(1)
+    ctx = tl.load(seq_lens + b)
+    n_splits = tl.cdiv(ctx, SPLIT)
+    if n_splits <= 1:
+        return
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, D)
+    h_ok = offs_h < GROUP
+    heads = h_kv * GROUP + offs_h
+    M = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    L = tl.zeros((BLOCK_H,), tl.float32)
+    ACC = tl.zeros((BLOCK_H, D), tl.float32)
+    for s in range(0, n_splits):
+        wbase = b.to(tl.int64) * ws_stride_b + heads * ws_stride_h + s * ws_stride_s
+        m_s = tl.load(WS_ML + wbase * 2, mask=h_ok, other=0.0)
+        l_s = tl.load(WS_ML + wbase * 2 + 1, mask=h_ok, other=1.0)
+        acc_s = tl.load(WS_ACC + wbase[:, None] * D + offs_d[None, :], mask=h_ok[:, None], other=0.0)
+        M, L, ACC = _merge(M, L, ACC, m_s, l_s, acc_s)
+    out = ACC / L[:, None]
+    tl.store(O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(O.dtype.element_ty), mask=h_ok[:, None])
+
+
+# ------------------------------------------------------------------------------------------------
+# Backward (full-sequence, contiguous packed varlen). FA2-style, recomputes P from the saved LSE.
+# No bitwise requirement across paths; accuracy against an fp32 reference.
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_preprocess(O, DO, DELTA, stride_ot, stride_oh, total, H, D: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, D)
+    ok = offs < total
+    ptr = offs.to(tl.int64)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+    o = tl.load(O + ptr, mask=ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + ptr, mask=ok[:, None], other=0.0).to(tl.float32)
+    tl.store(DELTA + h * total + offs, tl.sum(o * do, 1), mask=ok)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, cu,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_dt, stride_dh,
+    total, qk_scale, sm_scale,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    b = tl.program_id(1)
+    h_kv = tl.program_id(2)
+    start = tl.load(cu + b)
+    seqlen = tl.load(cu + b + 1) - start
+    start_n = pid_n * BLOCK_N
+    if start_n >= seqlen:
+        return
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    n_ok = offs_n < seqlen
+    kv_ptr = (start + offs_n).to(tl.int64)[:, None] * stride_kt + h_kv * stride_kh + offs_d[None, :]
+    k = tl.load(K + kv_ptr, mask=n_ok[:, None], other=0.0)
+    v = tl.load(V + kv_ptr, mask=n_ok[:, None], other=0.0)
+    dk = tl.zeros((BLOCK_N, D), tl.float32)
+    dv = tl.zeros((BLOCK_N, D), tl.float32)
+    for g in range(0, GROUP):
+        h = h_kv * GROUP + g
+        for start_m in range((start_n // BLOCK_M) * BLOCK_M, seqlen, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            m_ok = offs_m < seqlen
+            q_ptr = (start + offs_m).to(tl.int64)[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
+            q = tl.load(Q + q_ptr, mask=m_ok[:, None], other=0.0)
+            do = tl.load(DO + q_ptr, mask=m_ok[:, None], other=0.0)
+            lse = tl.load(LSE + h * total + start + offs_m, mask=m_ok, other=0.0)
+            delta = tl.load(DELTA + h * total + start + offs_m, mask=m_ok, other=0.0)
+            qk = tl.dot(q, tl.trans(k)) * qk_scale
+            valid = (offs_n[None, :] <= offs_m[:, None]) & m_ok[:, None] & n_ok[None, :]
+            p = tl.where(valid, tl.exp2(qk - lse[:, None]), 0.0)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+            dp = tl.dot(do, tl.trans(v))
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+    d_ptr = (start + offs_n).to(tl.int64)[:, None] * stride_dt + h_kv * stride_dh + offs_d[None, :]
+    tl.store(DK + d_ptr, (dk * sm_scale).to(DK.dtype.element_ty), mask=n_ok[:, None])
+    tl.store(DV + d_ptr, dv.to(DV.dtype.element_ty), mask=n_ok[:, None])
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, cu,
+    stride_qt, stride_qh, stride_kt, stride_kh,
+    total, qk_scale, sm_scale,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    h_kv = h // GROUP
+    start = tl.load(cu + b)
+    seqlen = tl.load(cu + b + 1) - start
+    start_m = pid_m * BLOCK_M
+    if start_m >= seqlen:
+        return
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    m_ok = offs_m < seqlen
+    q_ptr = (start + offs_m).to(tl.int64)[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
+    q = tl.load(Q + q_ptr, mask=m_ok[:, None], other=0.0)
+    do = tl.load(DO + q_ptr, mask=m_ok[:, None], other=0.0)
+    lse = tl.load(LSE + h * total + start + offs_m, mask=m_ok, other=0.0)
+    delta = tl.load(DELTA + h * total + start + offs_m, mask=m_ok, other=0.0)
+    dq = tl.zeros((BLOCK_M, D), tl.float32)
+    hi = tl.minimum(start_m + BLOCK_M, seqlen)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < seqlen
+        kv_ptr = (start + offs_n).to(tl.int64)[:, None] * stride_kt + h_kv * stride_kh + offs_d[None, :]
+        k = tl.load(K + kv_ptr, mask=n_ok[:, None], other=0.0)
+        v = tl.load(V + kv_ptr, mask=n_ok[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        valid = (offs_n[None, :] <= offs_m[:, None]) & m_ok[:, None] & n_ok[None, :]
+        p = tl.where(valid, tl.exp2(qk - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)
+    tl.store(DQ + q_ptr, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
+
+
+# ------------------------------------------------------------------------------------------------
+# Host launchers (inputs already validated by areal_tik_plugin.ops.attention)
+# ------------------------------------------------------------------------------------------------
+def _block_m() -> int:
+    return PREFILL_BLOCK_M["cpu" if _interpreting() else "gpu"]
+
+
+def prefill(q, k, v, cu_seqlens, max_seqlen, softmax_scale, return_lse=False, block_m=None):
+    """Full-sequence causal attention over packed sequences. q [T, Hq, D], k/v [T, Hkv, D]."""
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    B = cu_seqlens.numel() - 1
+    o = torch.empty_like(q)
+    lse = torch.empty((Hq, T), device=q.device, dtype=torch.float32) if return_lse else o
+    bm = block_m or _block_m()
+    pos0 = torch.zeros(B, device=q.device, dtype=torch.int32)
+    grid = (triton.cdiv(max(int(max_seqlen), 1), bm), B, Hq)
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse, cu_seqlens, pos0, cu_seqlens, cu_seqlens, 0, cu_seqlens,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        o.stride(0), o.stride(1), T, softmax_scale * LOG2E,
+        GROUP=Hq // Hkv, D=D, BLOCK_M=bm, TILE=C.ATTN_KV_TILE, SPLIT=C.ATTN_SPLIT_KV,
+        KV_LAYOUT=0, PAGE_SIZE=1, STORE_LSE=return_lse,
+        **_launch_opts(PREFILL_WARPS, PREFILL_STAGES),
+    )
+    return (o, lse) if return_lse else o
+
+
+def extend(q, k_pool, v_pool, cu_seqlens_q, prefix_lens, kv_indices, table_rows, max_extend_len,
+           softmax_scale, page_size=1, block_m=None):
+    """New tokens of each request attend to its cached prefix + themselves (K/V already in the pool)."""
+    T, Hq, D = q.shape
+    Hkv = k_pool.shape[1]
+    B = cu_seqlens_q.numel() - 1
+    o = torch.empty_like(q)
+    bm = block_m or _block_m()
+    grid = (triton.cdiv(max(int(max_extend_len), 1), bm), B, Hq)
+    _attn_fwd_kernel[grid](
+        q, k_pool, v_pool, o, o, cu_seqlens_q, prefix_lens, cu_seqlens_q,
+        kv_indices, kv_indices.stride(0), table_rows,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
+        o.stride(0), o.stride(1), 0, softmax_scale * LOG2E,
+        GROUP=Hq // Hkv, D=D, BLOCK_M=bm, TILE=C.ATTN_KV_TILE, SPLIT=C.ATTN_SPLIT_KV,
+        KV_LAYOUT=1 if page_size == 1 else 2, PAGE_SIZE=page_size, STORE_LSE=False,
+        **_launch_opts(PREFILL_WARPS, PREFILL_STAGES),
+    )
+    return o
+
+
+def decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale, page_size, max_context_len,
+           out=None):
+    """One query per request. q [B, Hq, D]. Paged (kv_indices given) or dense cache [B, S, Hkv, D].
+
+    The grid depends only on shapes (B, heads, max_context_len), never on the values of seq_lens,
+    so the call is CUDA-graph capturable.
+    """
+    B, Hq, D = q.shape
+    dense = kv_indices is None
+    Hkv = k_cache.shape[2] if dense else k_cache.shape[1]
+    group = Hq // Hkv
+    block_h = max(16, triton.next_power_of_2(group))
+    max_splits = max(1, triton.cdiv(int(max_context_len), C.ATTN_SPLIT_KV))
+    o = torch.empty_like(q) if out is None else out
+    ws_acc = torch.empty((B, Hq, max_splits, D), device=q.device, dtype=torch.float32)
+    ws_ml = torch.empty((B, Hq, max_splits, 2), device=q.device, dtype=torch.float32)
+    if dense:
+        layout, table, tstride, rows = 3, seq_lens, 0, seq_lens
+        skb, skt, skh = k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)
+        svb, svt, svh = v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)
+    else:
+        layout = 1 if page_size == 1 else 2
+        table, tstride, rows = kv_indices, kv_indices.stride(0), table_rows
+        skb, skt, skh = 0, k_cache.stride(0), k_cache.stride(1)
+        svb, svt, svh = 0, v_cache.stride(0), v_cache.stride(1)
+    ws_sb, ws_sh, ws_ss = Hq * max_splits, max_splits, 1
+    _attn_decode_kernel[(B, Hkv, max_splits)](
+        q, k_cache, v_cache, o, ws_acc, ws_ml, seq_lens, table, tstride, rows,
+        q.stride(0), q.stride(1), skb, skt, skh, svb, svt, svh, o.stride(0), o.stride(1),
+        ws_sb, ws_sh, ws_ss, softmax_scale * LOG2E,
+        GROUP=group, BLOCK_H=block_h, D=D, TILE=C.ATTN_KV_TILE, SPLIT=C.ATTN_SPLIT_KV,
+        KV_LAYOUT=layout, PAGE_SIZE=page_size,
+        **_launch_opts(DECODE_WARPS, DECODE_STAGES),
+    )
+    if max_splits > 1:
+        _attn_decode_merge_kernel[(B, Hkv)](
+            o, ws_acc, ws_ml, seq_lens, o.stride(0), o.stride(1), ws_sb, ws_sh, ws_ss,
+            GROUP=group, BLOCK_H=block_h, D=D, SPLIT=C.ATTN_SPLIT_KV,
+            **_launch_opts(4, 1),
+        )
+    return o
+
+
+def prefill_backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, softmax_scale):
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    B = cu_seqlens.numel() - 1
+    do = do.contiguous()
+    blk = BWD_BLOCK["cpu" if _interpreting() else "gpu"]
+    delta = torch.empty((Hq, T), device=q.device, dtype=torch.float32)
+    _bwd_preprocess[(triton.cdiv(T, 64), Hq)](o, do, delta, o.stride(0), o.stride(1), T, Hq, D=D, BLOCK=64)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    qk_scale = softmax_scale * LOG2E
+    nb = triton.cdiv(max(int(max_seqlen), 1), blk)
+    opts = _launch_opts(BWD_WARPS, 2)
+    if "enable_fp_fusion" in opts:
+        opts.pop("enable_fp_fusion")
+    _bwd_dkdv_kernel[(nb, B, Hkv)](
+        q, k, v, do, lse, delta, dk, dv, cu_seqlens,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), dk.stride(0), dk.stride(1),
+        T, qk_scale, softmax_scale, GROUP=Hq // Hkv, D=D, BLOCK_M=blk, BLOCK_N=blk, **opts,
+    )
+    _bwd_dq_kernel[(nb, B, Hq)](
+        q, k, v, do, lse, delta, dq, cu_seqlens,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        T, qk_scale, softmax_scale, GROUP=Hq // Hkv, D=D, BLOCK_M=blk, BLOCK_N=blk, **opts,
+    )
+    return dq, dk, dv
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
