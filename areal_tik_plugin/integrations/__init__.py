@@ -1,0 +1,1 @@
+"""Integrations: transformers (FSDP policy update), SGLang (rollout), AReaL, Megatron."""
