@@ -25,6 +25,23 @@ RMSNORM_BLOCK = 0  # 0 = one tile covering the whole row (next power of two)
 # The K reduction is chunked in GEMM_BLOCK_K columns, accumulated in fp32 in increasing K order,
 # never split across programs (no split-K) for any M.
 GEMM_BLOCK_K = 64
+# A row is one chain `acc = tl.dot(x_chunk, w_chunk^T, acc)` over those chunks; bias (if any) is
+# added in fp32 after the chain; one rounding to the activation dtype. Tile shape, warps, stages,
+# TMA vs pointer loads are free (gemm.config_for: a per-M table); split-K is never used.
+
+# --- MoE (Qwen3-MoE) ---------------------------------------------------------------------------
+# Routing: p = softmax(float32(logits)) per row, computed by programs of MOE_ROUTE_BLOCK_T rows and
+# MOE_ROUTE_WARPS warps for every T (the row-sum tree depends on both); p = div_rn(exp(l - max), sum).
+# Top-k by repeated argmax, ties -> lower expert id; slots ordered by descending p. With
+# norm_topk_prob: w_j = div_rn(p_j, ((p_0 + p_1) + ...) + p_{k-1}) (slot order).
+MOE_ROUTE_BLOCK_T = 16
+MOE_ROUTE_WARPS = 4
+# Experts: gate/up/down rows are the GEMM chain above (GEMM_BLOCK_K chunks, no split-K) on rows
+# gathered per expert; g, u rounded to the activation dtype; act = dtype(silu(g) * u) in fp32 with
+# silu(g) = div_rn(g, 1 + exp(-g)); expert output y_j rounded to the activation dtype; combine
+# out = dtype(sum_j w_j * float32(y_j)) accumulated in slot order j = 0..k-1 (contraction off).
+MOE_COMBINE_ORDER = "slot"
+
 
 # --- token log-prob --------------------------------------------------------------------------
 # The vocab reduction (max, sum of exp) is partitioned into chunks of LOGPROB_VOCAB_CHUNK columns
@@ -37,3 +54,9 @@ COUPLED = {
     "GEMM_BLOCK_K": (32, 64, 128),
     "LOGPROB_VOCAB_CHUNK": (1024, 2048, 4096, 8192),
 }
+
+# Coupled knobs of MoE routing (the softmax row-sum tree).
+COUPLED.update({
+    "MOE_ROUTE_BLOCK_T": (8, 16, 32),
+    "MOE_ROUTE_WARPS": (1, 2, 4, 8),
+})

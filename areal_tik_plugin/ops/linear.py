@@ -1,0 +1,78 @@
+"""Batch-invariant dense linear ``y = x @ weight.T (+ bias)``.
+
+Every output row is bit-identical whatever the number of rows in the call (1 .. 65536+) and the
+row's position in it: the K reduction is one fixed chain of GEMM_BLOCK_K chunks (no split-K), so
+QKV/O/MLP/lm_head/router projections agree between SGLang decode, chunked prefill and the trainer's
+full-sequence forward. Backward (dgrad, wgrad) uses cuBLAS: it has no invariance requirement.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from areal_tik_plugin.ops import _validate as V
+
+
+def _impl():
+    from areal_tik_plugin.loader import get_implementation
+
+    return get_implementation().module("gemm")
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, weight, bias):
+        y = _impl().linear(x2, weight, bias)
+        ctx.save_for_backward(x2, weight)
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight = ctx.saved_tensors
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        dx, dw, db = _impl().linear_backward(dy, x2, weight, need_dx, need_dw, need_db and ctx.has_bias)
+        if db is not None:
+            db = db.to(ctx.bias_dtype)
+        return dx, dw, db
+
+
+def check_linear_args(x, weight, bias):
+    V.tensor("x", x, dtypes=V.FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
+    if x.dim() < 1:
+        raise ValueError(f"x: expected a tensor [..., K], got shape {tuple(x.shape)}")
+    V.tensor("weight", weight, ndim=2, dtypes=V.FLOAT_DTYPES, device=x.device, contiguous_last=True)
+    V.same_dtype("x", x, weight=weight)
+    if weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"weight: expected shape [N, K={x.shape[-1]}] (K = x.shape[-1]), got {tuple(weight.shape)}")
+    if weight.stride(0) < weight.shape[1]:
+        raise ValueError(f"weight: expected row-major rows (stride(0) >= K), got strides {weight.stride()}")
+    if bias is not None:
+        V.tensor("bias", bias, ndim=1, dtypes=(x.dtype, torch.float32), device=x.device, contiguous=True)
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias: expected shape [{weight.shape[0]}] (N = weight.shape[0]), got {tuple(bias.shape)}")
+
+
+def linear(x, weight, bias=None):
+    """``x @ weight.T (+ bias)`` with rows independent of the batch (bit-identical for any M).
+
+    Parameters
+    ----------
+    x : Tensor [..., K] bf16/fp16 (last dim contiguous); M = prod(x.shape[:-1]) may be 0
+    weight : Tensor [N, K], same dtype and device (last dim contiguous; e.g. a Linear's weight)
+    bias : optional Tensor [N] (x.dtype or float32), added in fp32 after the K reduction
+
+    Returns
+    -------
+    Tensor [..., N] in x.dtype (fp32 accumulation, one rounding). Differentiable w.r.t. x, weight
+    and bias (backward through cuBLAS).
+    """
+    check_linear_args(x, weight, bias)
+    K = x.shape[-1]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    if x2.shape[0] > 0 and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = _Linear.apply(x2, weight, bias)
+    return y.reshape(*lead, weight.shape[0])

@@ -1,0 +1,280 @@
+"""Batch-invariant dense linear: ``y = x @ W^T (+ bias)``, bf16/fp16 in, fp32 accumulate.
+
+Token invariance (see ``contract.py``): every output row is
+
+    acc = 0 (fp32)
+    for k0 in 0, GEMM_BLOCK_K, 2*GEMM_BLOCK_K, ...:      # increasing K, never split across programs
+        acc = tl.dot(x[row, k0:k0+BK], W[:, k0:k0+BK]^T, acc)
+    acc = acc + float32(bias)                            # only when a bias is given
+    y[row] = acc.to(x.dtype)
+
+The K loop is one chain of tensor-core MMAs into one fp32 accumulator per output element, in
+increasing K order, on every path. Measured on H200 (Triton 3.6, DESIGN.md): that chain gives the
+same bits for any BLOCK_M / BLOCK_N, any num_warps / num_stages, wgmma or mma.sync, TMA or pointer
+loads. So the tile configuration is a *free knob* chosen per problem shape (small tiles and deep
+pipelines for decode-sized M, big swizzled tiles for prefill/training), while ``GEMM_BLOCK_K`` and
+the absence of split-K are the coupled contract. On the CPU interpreter a ``tl.dot`` of one K chunk
+is computed exactly (see ``areal_tik_plugin._interp``), so the bits there depend only on
+GEMM_BLOCK_K as well.
+
+Two kernels with the same arithmetic:
+* ``_linear_ptr_kernel``: pointer loads (cp.async pipeline on sm_80/90), any 16-bit-aligned strides;
+* ``_linear_tma_kernel``: TMA descriptors (sm_90), used when base pointers and row strides are
+  16-byte aligned.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from . import contract as C
+
+# ------------------------------------------------------------------------------------------------
+# Free knobs (bits do not depend on any of these; the search may move them freely).
+# ------------------------------------------------------------------------------------------------
+# Decode-sized M (<= 64): weight-bandwidth bound. One row-tile; many programs over N with a deep
+# pipeline. (max_M, BLOCK_M, num_stages). BLOCK_N is the largest of SMALL_M_BLOCK_N that still gives
+# at least SMALL_M_MIN_PROGRAMS_PER_SM programs per SM.
+SMALL_M_TABLE = ((16, 16, 8), (32, 32, 8), (64, 64, 6))
+SMALL_M_BLOCK_N = (64, 32, 16)
+SMALL_M_MIN_PROGRAMS_PER_SM = 3
+SMALL_M_WARPS = 4
+# Larger M: compute bound. Candidate tiles (BLOCK_M, BLOCK_N, num_warps, num_stages, programs per
+# SM that fit in shared memory, relative per-SM throughput). The tile maximizing
+# throughput x wave efficiency is chosen.
+LARGE_M_TILES = (
+    (128, 256, 8, 3, 1, 1.00),
+    (128, 128, 8, 4, 1, 0.88),
+    (64, 128, 4, 4, 2, 0.72),
+    (64, 64, 4, 4, 3, 0.50),
+)
+GROUP_M = 8              # grouped (swizzled) tile order for L2 reuse
+USE_TMA = True           # TMA descriptor loads/stores for BLOCK_M >= TMA_MIN_BLOCK_M when aligned
+TMA_MIN_BLOCK_M = 64
+# CPU interpreter: fewer, larger programs run faster in numpy.
+CPU_BLOCK = (64, 64)
+
+KNOBS = {
+    "coupled": {"GEMM_BLOCK_K": C.GEMM_BLOCK_K},
+    "free": {
+        "SMALL_M_TABLE": SMALL_M_TABLE,
+        "SMALL_M_BLOCK_N": SMALL_M_BLOCK_N,
+        "SMALL_M_MIN_PROGRAMS_PER_SM": (1, 2, 3, 4, 6),
+        "SMALL_M_WARPS": (2, 4, 8),
+        "LARGE_M_TILES": LARGE_M_TILES,
+        "GROUP_M": (1, 4, 8, 16),
+        "USE_TMA": (False, True),
+    },
+}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernels
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+    """Grouped tile order: GROUP row-tiles share each column-tile sweep (L2 reuse of W and x)."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_in_group = GROUP * num_pid_n
+    group_id = pid // num_in_group
+    first_m = group_id * GROUP
+    group_size = tl.minimum(num_pid_m - first_m, GROUP)
+    pid_m = first_m + (pid % num_in_group) % group_size
+    pid_n = (pid % num_in_group) // group_size
+    return pid_m, pid_n
+
+
+@triton.jit
+def _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS: tl.constexpr):
+    """The one place where a bias is applied: fp32 add after the whole K loop."""
+    if HAS_BIAS:
+        b = tl.load(Bias + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        acc = acc + b[None, :]
+    return acc
+
+
+@triton.jit
+def _linear_ptr_kernel(
+    X, W, Bias, Y, M, N, K, stride_xm, stride_wn, stride_ym,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Out-of-range rows/columns read row 0 / column 0 (results discarded): no masks on M or N.
+    rm = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    x_ptrs = X + rm[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = W + rn[:, None] * stride_wn + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            kmask = offs_k[None, :] < K - k0
+            a = tl.load(x_ptrs, mask=kmask, other=0.0)
+            b = tl.load(w_ptrs, mask=kmask, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    acc = _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS)
+    y_ptrs = Y + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _linear_tma_kernel(
+    x_desc, w_desc, y_desc, Bias, M, N, K,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # out-of-bounds K columns are zero-filled by TMA
+        a = x_desc.load([off_m, k0])
+        b = w_desc.load([off_n, k0])
+        acc = tl.dot(a, b.T, acc)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    acc = _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS)
+    y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
+
+
+# ------------------------------------------------------------------------------------------------
+# Configuration (free knob) and launcher
+# ------------------------------------------------------------------------------------------------
+_NUM_SMS: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _NUM_SMS:
+        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _NUM_SMS[idx]
+
+
+def config_for(M: int, N: int, K: int, num_sms: int = 132, cpu: bool = False) -> dict:
+    """Tile configuration for an [M, K] x [N, K]^T problem (a free knob: any result keeps the bits).
+
+    Returns a dict with BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M, tma (bool), name.
+    """
+    if cpu:
+        bm = min(CPU_BLOCK[0], max(16, triton.next_power_of_2(max(M, 1))))
+        bn = min(CPU_BLOCK[1], max(16, triton.next_power_of_2(max(N, 1))))
+        return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1, GROUP_M=GROUP_M, tma=False,
+                    name=f"cpu_m{bm}_n{bn}")
+    if M <= SMALL_M_TABLE[-1][0]:
+        for max_m, bm, stages in SMALL_M_TABLE:
+            if M <= max_m:
+                break
+        bn = SMALL_M_BLOCK_N[-1]
+        for cand in SMALL_M_BLOCK_N:
+            if triton.cdiv(N, cand) >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
+                bn = cand
+                break
+        warps = SMALL_M_WARPS if bn >= 32 else 2
+        return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=1,
+                    tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"small_m{bm}_n{bn}")
+    best, best_score = None, -1.0
+    for bm, bn, warps, stages, per_sm, speed in LARGE_M_TILES:
+        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        slots = num_sms * per_sm
+        waves = triton.cdiv(tiles, slots)
+        score = speed * tiles / (waves * slots)
+        if score > best_score + 1e-9:
+            best, best_score = (bm, bn, warps, stages), score
+    bm, bn, warps, stages = best
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=GROUP_M,
+                tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"large_m{bm}_n{bn}")
+
+
+def all_configs() -> list[dict]:
+    """Every GPU configuration :func:`config_for` can return (for contract checks of free knobs)."""
+    out = []
+    for _, bm, stages in SMALL_M_TABLE:
+        for bn in SMALL_M_BLOCK_N:
+            warps = SMALL_M_WARPS if bn >= 32 else 2
+            out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=1,
+                            tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"small_m{bm}_n{bn}"))
+    for bm, bn, warps, stages, _, _ in LARGE_M_TILES:
+        out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=GROUP_M,
+                        tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"large_m{bm}_n{bn}"))
+    return out
+
+
+def _tma_ok(*tensors) -> bool:
+    for t in tensors:
+        if t.data_ptr() % 16 or t.stride(-1) != 1 or (t.stride(0) * t.element_size()) % 16:
+            return False
+    return True
+
+
+def _launch_opts(cfg) -> dict:
+    if _interpreting():
+        return {}
+    return {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "enable_fp_fusion": False}
+
+
+def linear(x, weight, bias=None, config=None, out=None):
+    """``x [M, K] @ weight[N, K]^T (+ bias[N])`` -> ``[M, N]`` in x.dtype (inputs validated by the op).
+
+    ``config`` overrides the tile configuration (tests / contract checks); ``out`` an output buffer.
+    """
+    M, K = x.shape
+    N = weight.shape[0]
+    y = torch.empty((M, N), device=x.device, dtype=x.dtype) if out is None else out
+    if M == 0:
+        return y
+    cfg = config or config_for(M, N, K, _num_sms(x.device), cpu=_interpreting())
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], C.GEMM_BLOCK_K
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    has_bias = bias is not None
+    b = bias if has_bias else y
+    if cfg["tma"] and _tma_ok(x, weight, y):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [bm, bk])
+        w_desc = TensorDescriptor(weight, [N, K], [weight.stride(0), 1], [bn, bk])
+        y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn])
+        _linear_tma_kernel[grid](
+            x_desc, w_desc, y_desc, b, M, N, K,
+            HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
+            **_launch_opts(cfg),
+        )
+    else:
+        _linear_ptr_kernel[grid](
+            x, weight, b, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
+            HAS_BIAS=has_bias, EVEN_K=(K % bk == 0),
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
+            **_launch_opts(cfg),
+        )
+    return y
+
+
+def linear_backward(dy, x, weight, need_dx, need_dw, need_db):
+    """dgrad / wgrad / bias grad with cuBLAS (no invariance requirement on the backward)."""
+    dx = dw = db = None
+    if need_dx:
+        dx = torch.matmul(dy, weight)
+    if need_dw:
+        dw = torch.matmul(dy.t(), x)
+    if need_db:
+        db = dy.float().sum(0)
+    return dx, dw, db

@@ -1,0 +1,155 @@
+"""ops.linear: bitwise row invariance (any M, any position, any tile config), accuracy vs fp64,
+gradients vs fp64 autograd, input validation. CPU: kernels run under TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from areal_tik_plugin import ops
+from areal_tik_plugin.loader import get_implementation
+
+DTYPES = (torch.bfloat16, torch.float16)
+# Accuracy vs fp64 (|out - ref| <= atol + rtol * |ref|). The output is rounded once to the
+# activation dtype (the CPU interpreter truncates fp32 -> bf16, so allow one bf16 ulp).
+TOL = {torch.bfloat16: (1e-3, 2 ** -7), torch.float16: (1e-3, 2 ** -10)}
+# Shapes (K, N): K a multiple of GEMM_BLOCK_K (TMA-eligible) and not (masked K tail); N odd.
+SHAPES = ((192, 80), (100, 47))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _assert_bits(a, b, msg=""):
+    assert a.shape == b.shape and a.dtype == b.dtype, msg
+    assert torch.equal(_bits(a), _bits(b)), f"{msg}: max |diff| {(a.float() - b.float()).abs().max().item()}"
+
+
+def _data(M, K, N, dtype, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(dtype)
+    b = torch.randn(N, generator=g).to(dtype) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K,N", SHAPES)
+def test_rows_invariant_to_batch(dtype, K, N):
+    x, w, b = _data(129, K, N, dtype, seed=K + N)
+    full = ops.linear(x, w, b)
+    g = torch.Generator().manual_seed(1)
+    for M in (1, 3, 17, 64, 129):
+        idx = torch.randperm(129, generator=g)[:M]
+        sub = ops.linear(x[idx].contiguous(), w, b)
+        _assert_bits(sub, full[idx], f"M={M}")
+    for i in (0, 63, 64, 128):
+        _assert_bits(ops.linear(x[i:i + 1], w, b), full[i:i + 1], f"row {i} alone")
+
+
+def test_every_tile_config_same_bits():
+    """All GPU configurations (free knobs), incl. the TMA kernel, give the CPU default's bits."""
+    gemm = get_implementation().module("gemm")
+    for K, N in SHAPES:
+        for bias in (False, True):
+            x, w, b = _data(70, K, N, torch.bfloat16, seed=3, bias=bias)
+            ref = gemm.linear(x, w, b)
+            for cfg in gemm.all_configs():
+                _assert_bits(gemm.linear(x, w, b, config=cfg), ref, f"{cfg['name']} K={K} bias={bias}")
+
+
+def test_config_table_is_shape_only_and_complete():
+    gemm = get_implementation().module("gemm")
+    names = {c["name"] for c in gemm.all_configs()}
+    seen = set()
+    for M in (1, 8, 16, 17, 32, 33, 64, 65, 128, 256, 1024, 4096, 16384, 65536):
+        for N, K in ((128, 2048), (1536, 8960), (2048, 1536), (5120, 2048), (12288, 4096), (151936, 2560)):
+            cfg = gemm.config_for(M, N, K, 132)
+            assert cfg["name"] in names
+            assert cfg == gemm.config_for(M, N, K, 132)
+            seen.add(cfg["name"])
+            if M <= 64:
+                assert cfg["BLOCK_M"] >= M and cfg["name"].startswith("small")
+    assert len(seen) >= 8
+
+
+def test_leading_dims_and_strided_x():
+    x, w, b = _data(2 * 9, 192, 80, torch.bfloat16, seed=5)
+    full = ops.linear(x, w, b)
+    y3 = ops.linear(x.view(2, 9, 192), w, b)
+    assert y3.shape == (2, 9, 80)
+    _assert_bits(y3.reshape(18, 80), full, "3-D input")
+    wide = torch.zeros(18, 256, dtype=x.dtype)
+    wide[:, 32:224] = x
+    _assert_bits(ops.linear(wide[:, 32:224], w, b), full, "row-strided x")
+
+
+def test_empty_rows():
+    _, w, b = _data(1, 64, 16, torch.bfloat16)
+    y = ops.linear(torch.empty(0, 64, dtype=torch.bfloat16), w, b)
+    assert y.shape == (0, 16)
+    y = ops.linear(torch.empty(3, 0, 64, dtype=torch.bfloat16), w)
+    assert y.shape == (3, 0, 16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_accuracy_vs_fp64(dtype):
+    atol, rtol = TOL[dtype]
+    for K, N in SHAPES:
+        for bias in (False, True):
+            x, w, b = _data(37, K, N, dtype, seed=7, bias=bias)
+            y = ops.linear(x, w, b)
+            ref = x.double() @ w.double().t() + (b.double() if bias else 0)
+            torch.testing.assert_close(y.double(), ref, atol=atol, rtol=rtol)
+    # fp32 bias
+    x, w, _ = _data(5, 64, 16, dtype, seed=8, bias=False)
+    b32 = torch.randn(16)
+    ref = x.double() @ w.double().t() + b32.double()
+    torch.testing.assert_close(ops.linear(x, w, b32).double(), ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients_vs_fp64(dtype):
+    x, w, b = _data(2 * 17, 100, 47, dtype, seed=9)
+    x = x.view(2, 17, 100).requires_grad_()
+    w.requires_grad_()
+    b.requires_grad_()
+    gy = torch.randn(2, 17, 47).to(dtype)
+    y = ops.linear(x, w, b)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), gy)
+    xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+    yr = xr @ wr.t() + br
+    rx, rw, rb = torch.autograd.grad(yr, (xr, wr, br), gy.double())
+    for name, a, r in (("dx", dx, rx), ("dw", dw, rw), ("db", db, rb)):
+        assert a.dtype == dtype and a.shape == r.shape, name
+        rel = ((a.double() - r).norm() / r.norm()).item()
+        assert rel < 1e-2, f"{name}: rel l2 {rel}"
+    # only some inputs require grad
+    y = ops.linear(x, w.detach())
+    (dx2,) = torch.autograd.grad(y.sum(), (x,))
+    assert dx2.shape == x.shape
+
+
+def test_bad_inputs():
+    x, w, b = _data(4, 64, 16, torch.bfloat16)
+    with pytest.raises(TypeError):
+        ops.linear(x.tolist(), w)
+    with pytest.raises(TypeError):
+        ops.linear(x, "w")
+    with pytest.raises(ValueError, match="dtype"):
+        ops.linear(x.float(), w.float())
+    with pytest.raises(ValueError, match="same as x"):
+        ops.linear(x, w.half())
+    with pytest.raises(ValueError, match="K=64"):
+        ops.linear(x, w[:, :32])
+    with pytest.raises(ValueError, match="2-D"):
+        ops.linear(x, w[0])
+    with pytest.raises(ValueError, match="bias"):
+        ops.linear(x, w, b[:5])
+    with pytest.raises(ValueError, match="bias"):
+        ops.linear(x, w, b.double())
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.linear(x.t().contiguous().t(), w)
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.linear(x, w.t().contiguous().t())
