@@ -37,6 +37,7 @@ LOG2E = 1.4426950408889634
 PREFILL_BLOCK_M = {"gpu": 128, "cpu": 32}
 PREFILL_WARPS = 8
 PREFILL_STAGES = 2
+PREFILL_SCRATCH_ACC = False  # keep the merged accumulator in an fp32 scratch between splits (GPU)
 DECODE_WARPS = 4
 DECODE_STAGES = 2
 BWD_BLOCK = {"gpu": 64, "cpu": 32}
@@ -48,6 +49,7 @@ KNOBS = {
         "PREFILL_BLOCK_M": (64, 128),
         "PREFILL_WARPS": (4, 8),
         "PREFILL_STAGES": (1, 2, 3),
+        "PREFILL_SCRATCH_ACC": (False, True),
         "DECODE_WARPS": (2, 4, 8),
         "DECODE_STAGES": (1, 2, 3, 4),
     },
@@ -69,11 +71,16 @@ def _launch_opts(num_warps, num_stages):
 # Shared helpers: the only place where softmax arithmetic is written.
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _online_step(m_i, l_i, acc, q, k, v, mask, qk_scale, ones):
-    """One KV tile of online softmax for a block of query rows (k: [TILE, D], v: [TILE, D])."""
+def _online_step(m_i, l_i, acc, q, k, v, mask, qk_scale, ones, MASKED: tl.constexpr):
+    """One KV tile of online softmax for a block of query rows (k: [TILE, D], v: [TILE, D]).
+
+    ``MASKED=False`` is only used for tiles where every key is visible to every row; the values are
+    then identical to the masked form (FP contraction is off, so no instruction differs in value).
+    """
     s = tl.dot(q, tl.trans(k))
     s = s * qk_scale
-    s = tl.where(mask, s, float("-inf"))
+    if MASKED:
+        s = tl.where(mask, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(s - m_safe[:, None])
@@ -117,17 +124,46 @@ def _kv_offsets(pos, valid, row, table_ptr, table_stride, seq_base, h_kv, stride
 # Full-sequence / extend forward (one program = BLOCK_M query rows of one head of one sequence)
 # ------------------------------------------------------------------------------------------------
 @triton.jit
+def _fwd_tiles(m_i, l_i, acc, q, q_abs, lo, hi_t, hi, K, V, row, table, table_stride, seq_base, h_kv,
+               stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, ones,
+               D: tl.constexpr, TILE: tl.constexpr, KV_LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
+               MASKED: tl.constexpr):
+    offs_d = tl.arange(0, D)
+    offs_n = tl.arange(0, TILE)
+    for start_n in range(lo, hi_t, TILE):
+        k_pos = start_n + offs_n
+        if MASKED:
+            k_ok = k_pos < hi
+        else:
+            k_ok = k_pos >= 0
+        koff = _kv_offsets(k_pos, k_ok, row, table, table_stride, seq_base, h_kv,
+                           stride_kt, stride_kh, KV_LAYOUT, PAGE_SIZE)
+        voff = _kv_offsets(k_pos, k_ok, row, table, table_stride, seq_base, h_kv,
+                           stride_vt, stride_vh, KV_LAYOUT, PAGE_SIZE)
+        if MASKED:
+            k = tl.load(K + koff[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
+            v = tl.load(V + voff[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
+            mask = (k_pos[None, :] <= q_abs[:, None]) & k_ok[None, :]
+        else:
+            k = tl.load(K + koff[:, None] + offs_d[None, :])
+            v = tl.load(V + voff[:, None] + offs_d[None, :])
+            mask = k_ok[None, :]
+        m_i, l_i, acc = _online_step(m_i, l_i, acc, q, k, v, mask, qk_scale, ones, MASKED)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, O, LSE,
+    Q, K, V, O, LSE, WS,
     cu_q, q_pos0,            # [B+1] packed q offsets; [B] absolute position of each seq's first query
     kv_base,                 # layout 0: [B+1] packed kv offsets; else unused
     table, table_stride, table_rows,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    lse_stride_h,
+    lse_stride_h, ws_stride_t,
     qk_scale,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE: tl.constexpr, SPLIT: tl.constexpr,
-    KV_LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, STORE_LSE: tl.constexpr,
+    KV_LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, STORE_LSE: tl.constexpr, SCRATCH_ACC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
@@ -148,39 +184,47 @@ def _attn_fwd_kernel(
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
-    offs_n = tl.arange(0, TILE)
     row_ok = offs_m < q_len
     q_abs = pos0 + offs_m
-    q = tl.load(Q + (q_start + offs_m).to(tl.int64)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     ones = tl.full((TILE, 16), 1.0, tl.float32).to(q.dtype)
+    ws_ptr = WS + q_rows[:, None] * ws_stride_t + h * D + offs_d[None, :]
 
     M = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     L = tl.zeros((BLOCK_M,), tl.float32)
     ACC = tl.zeros((BLOCK_M, D), tl.float32)
     hi = pos0 + tl.minimum(start_m + BLOCK_M, q_len)  # exclusive end of keys any row here needs
+    # keys < full_end are visible to every row of this block (no mask needed)
+    full_end = ((pos0 + start_m + 1) // TILE) * TILE
     n_splits = tl.cdiv(hi, SPLIT)
     for s in range(0, n_splits):
         lo_s = s * SPLIT
         hi_s = tl.minimum(lo_s + SPLIT, hi)
+        mid = tl.maximum(lo_s, tl.minimum(hi_s, full_end))
         m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         l_i = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, D), tl.float32)
-        for start_n in range(lo_s, hi_s, TILE):
-            k_pos = start_n + offs_n
-            k_ok = k_pos < hi
-            koff = _kv_offsets(k_pos, k_ok, row, table, table_stride, seq_base, h_kv,
-                               stride_kt, stride_kh, KV_LAYOUT, PAGE_SIZE)
-            k = tl.load(K + koff[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
-            voff = _kv_offsets(k_pos, k_ok, row, table, table_stride, seq_base, h_kv,
-                               stride_vt, stride_vh, KV_LAYOUT, PAGE_SIZE)
-            v = tl.load(V + voff[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
-            mask = (k_pos[None, :] <= q_abs[:, None]) & k_ok[None, :]
-            m_i, l_i, acc = _online_step(m_i, l_i, acc, q, k, v, mask, qk_scale, ones)
-        M, L, ACC = _merge(M, L, ACC, m_i, l_i, acc)
+        m_i, l_i, acc = _fwd_tiles(m_i, l_i, acc, q, q_abs, lo_s, mid, hi, K, V, row, table, table_stride,
+                                   seq_base, h_kv, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, ones,
+                                   D, TILE, KV_LAYOUT, PAGE_SIZE, False)
+        m_i, l_i, acc = _fwd_tiles(m_i, l_i, acc, q, q_abs, mid, hi_s, hi, K, V, row, table, table_stride,
+                                   seq_base, h_kv, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, ones,
+                                   D, TILE, KV_LAYOUT, PAGE_SIZE, True)
+        if SCRATCH_ACC:
+            # the merged accumulator waits in an fp32 scratch row between splits (exact), so only
+            # one [BLOCK_M, D] accumulator is live in registers during the tile loop
+            prev = tl.load(ws_ptr, mask=(row_ok[:, None]) & (s > 0), other=0.0)
+            M, L, merged = _merge(M, L, prev, m_i, l_i, acc)
+            tl.store(ws_ptr, merged, mask=row_ok[:, None])
+            tl.debug_barrier()
+        else:
+            M, L, ACC = _merge(M, L, ACC, m_i, l_i, acc)
 
+    if SCRATCH_ACC:
+        ACC = tl.load(ws_ptr, mask=row_ok[:, None], other=0.0)
     out = ACC / L[:, None]
-    tl.store(O + (q_start + offs_m).to(tl.int64)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+    tl.store(O + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=row_ok[:, None])
     if STORE_LSE:
         tl.store(LSE + h * lse_stride_h + q_start + offs_m, M + tl.log2(L), mask=row_ok)
@@ -232,7 +276,17 @@ def _attn_decode_kernel(
     m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, D), tl.float32)
-    for start_n in range(lo_s, hi_s, TILE):
+    mid = tl.maximum(lo_s, tl.minimum(hi_s, (ctx // TILE) * TILE))  # tiles before mid are full
+    for start_n in range(lo_s, mid, TILE):
+        k_pos = start_n + offs_n
+        koff = _kv_offsets(k_pos, k_pos >= 0, row, table, table_stride, kbase, h_kv, stride_kt, stride_kh,
+                           KV_LAYOUT, PAGE_SIZE)
+        voff = _kv_offsets(k_pos, k_pos >= 0, row, table, table_stride, vbase, h_kv, stride_vt, stride_vh,
+                           KV_LAYOUT, PAGE_SIZE)
+        k = tl.load(K + koff[:, None] + offs_d[None, :])
+        v = tl.load(V + voff[:, None] + offs_d[None, :])
+        m_i, l_i, acc = _online_step(m_i, l_i, acc, q, k, v, k_pos[None, :] >= 0, qk_scale, ones, False)
+    for start_n in range(mid, hi_s, TILE):
         k_pos = start_n + offs_n
         k_ok = k_pos < ctx
         koff = _kv_offsets(k_pos, k_ok, row, table, table_stride, kbase, h_kv, stride_kt, stride_kh,
@@ -242,7 +296,7 @@ def _attn_decode_kernel(
         k = tl.load(K + koff[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
         v = tl.load(V + voff[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
         mask = (k_pos[None, :] <= q_abs) & k_ok[None, :] & (offs_h[:, None] >= 0)
-        m_i, l_i, acc = _online_step(m_i, l_i, acc, q, k, v, mask, qk_scale, ones)
+        m_i, l_i, acc = _online_step(m_i, l_i, acc, q, k, v, mask, qk_scale, ones, True)
 
     if n_splits == 1:
         M = tl.full((BLOCK_H,), float("-inf"), tl.float32)
@@ -395,68 +449,100 @@ def _bwd_dq_kernel(
 # ------------------------------------------------------------------------------------------------
 # Host launchers (inputs already validated by areal_tik_plugin.ops.attention)
 # ------------------------------------------------------------------------------------------------
-def _block_m() -> int:
-    return PREFILL_BLOCK_M["cpu" if _interpreting() else "gpu"]
+def _cfg(**over):
+    """Launch config: contract constants (coupled) + free knobs; ``over`` is used by benchmark sweeps."""
+    gpu = not _interpreting()
+    cfg = {
+        "tile": C.ATTN_KV_TILE, "split": C.ATTN_SPLIT_KV,
+        "block_m": PREFILL_BLOCK_M["gpu" if gpu else "cpu"], "warps": PREFILL_WARPS, "stages": PREFILL_STAGES,
+        "scratch": PREFILL_SCRATCH_ACC and gpu,
+        "dec_warps": DECODE_WARPS, "dec_stages": DECODE_STAGES,
+    }
+    for k, v in over.items():
+        if v is not None:
+            cfg[k] = v
+    return cfg
 
 
-def prefill(q, k, v, cu_seqlens, max_seqlen, softmax_scale, return_lse=False, block_m=None):
-    """Full-sequence causal attention over packed sequences. q [T, Hq, D], k/v [T, Hkv, D]."""
+def _fwd(q, k, v, o, lse, ws, cu_q, pos0, kv_base, table, tstride, rows, max_q, scale, layout, page_size,
+         store_lse, cfg):
     T, Hq, D = q.shape
     Hkv = k.shape[1]
+    B = cu_q.numel() - 1
+    bm = cfg["block_m"]
+    grid = (triton.cdiv(max(int(max_q), 1), bm), B, Hq)
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse, ws, cu_q, pos0, kv_base, table, tstride, rows,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        o.stride(0), o.stride(1), lse.stride(0) if store_lse else 0, Hq * D, scale * LOG2E,
+        GROUP=Hq // Hkv, D=D, BLOCK_M=bm, TILE=cfg["tile"], SPLIT=cfg["split"],
+        KV_LAYOUT=layout, PAGE_SIZE=page_size, STORE_LSE=store_lse, SCRATCH_ACC=bool(cfg["scratch"]),
+        **_launch_opts(cfg["warps"], cfg["stages"]),
+    )
+
+
+def _scratch(q, cfg):
+    if cfg["scratch"]:
+        return torch.empty((q.shape[0], q.shape[1], q.shape[2]), device=q.device, dtype=torch.float32)
+    return q
+
+
+def prefill(q, k, v, cu_seqlens, max_seqlen, softmax_scale, return_lse=False, block_m=None, **over):
+    """Full-sequence causal attention over packed sequences. q [T, Hq, D], k/v [T, Hkv, D]."""
+    cfg = _cfg(block_m=block_m, **over)
     B = cu_seqlens.numel() - 1
     o = torch.empty_like(q)
-    lse = torch.empty((Hq, T), device=q.device, dtype=torch.float32) if return_lse else o
-    bm = block_m or _block_m()
+    lse = torch.empty((q.shape[1], q.shape[0]), device=q.device, dtype=torch.float32) if return_lse else o
     pos0 = torch.zeros(B, device=q.device, dtype=torch.int32)
-    grid = (triton.cdiv(max(int(max_seqlen), 1), bm), B, Hq)
-    _attn_fwd_kernel[grid](
-        q, k, v, o, lse, cu_seqlens, pos0, cu_seqlens, cu_seqlens, 0, cu_seqlens,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        o.stride(0), o.stride(1), T, softmax_scale * LOG2E,
-        GROUP=Hq // Hkv, D=D, BLOCK_M=bm, TILE=C.ATTN_KV_TILE, SPLIT=C.ATTN_SPLIT_KV,
-        KV_LAYOUT=0, PAGE_SIZE=1, STORE_LSE=return_lse,
-        **_launch_opts(PREFILL_WARPS, PREFILL_STAGES),
-    )
+    _fwd(q, k, v, o, lse, _scratch(q, cfg), cu_seqlens, pos0, cu_seqlens, cu_seqlens, 0, cu_seqlens,
+         max_seqlen, softmax_scale, 0, 1, return_lse, cfg)
     return (o, lse) if return_lse else o
 
 
 def extend(q, k_pool, v_pool, cu_seqlens_q, prefix_lens, kv_indices, table_rows, max_extend_len,
-           softmax_scale, page_size=1, block_m=None):
+           softmax_scale, page_size=1, block_m=None, **over):
     """New tokens of each request attend to its cached prefix + themselves (K/V already in the pool)."""
-    T, Hq, D = q.shape
-    Hkv = k_pool.shape[1]
-    B = cu_seqlens_q.numel() - 1
+    cfg = _cfg(block_m=block_m, **over)
     o = torch.empty_like(q)
-    bm = block_m or _block_m()
-    grid = (triton.cdiv(max(int(max_extend_len), 1), bm), B, Hq)
-    _attn_fwd_kernel[grid](
-        q, k_pool, v_pool, o, o, cu_seqlens_q, prefix_lens, cu_seqlens_q,
-        kv_indices, kv_indices.stride(0), table_rows,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        o.stride(0), o.stride(1), 0, softmax_scale * LOG2E,
-        GROUP=Hq // Hkv, D=D, BLOCK_M=bm, TILE=C.ATTN_KV_TILE, SPLIT=C.ATTN_SPLIT_KV,
-        KV_LAYOUT=1 if page_size == 1 else 2, PAGE_SIZE=page_size, STORE_LSE=False,
-        **_launch_opts(PREFILL_WARPS, PREFILL_STAGES),
-    )
+    _fwd(q, k_pool, v_pool, o, o, _scratch(q, cfg), cu_seqlens_q, prefix_lens, cu_seqlens_q, kv_indices,
+         kv_indices.stride(0), table_rows, max_extend_len, softmax_scale, 1 if page_size == 1 else 2, page_size,
+         False, cfg)
     return o
 
 
+_WS_CACHE: dict = {}
+
+
+def _decode_ws(q, B, Hq, max_splits, D):
+    """Per-(device, shape) decode workspace, reused across calls (no allocation in the hot path)."""
+    key = (q.device, B, Hq, max_splits, D)
+    ws = _WS_CACHE.get(key)
+    if ws is None:
+        ws = (torch.empty((B, Hq, max_splits, D), device=q.device, dtype=torch.float32),
+              torch.empty((B, Hq, max_splits, 2), device=q.device, dtype=torch.float32))
+        if len(_WS_CACHE) > 64:
+            _WS_CACHE.clear()
+        _WS_CACHE[key] = ws
+    return ws
+
+
 def decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale, page_size, max_context_len,
-           out=None):
+           out=None, **over):
     """One query per request. q [B, Hq, D]. Paged (kv_indices given) or dense cache [B, S, Hkv, D].
 
     The grid depends only on shapes (B, heads, max_context_len), never on the values of seq_lens,
     so the call is CUDA-graph capturable.
     """
+    cfg = _cfg(**over)
+    split, tile = cfg["split"], cfg["tile"]
     B, Hq, D = q.shape
     dense = kv_indices is None
     Hkv = k_cache.shape[2] if dense else k_cache.shape[1]
     group = Hq // Hkv
     block_h = max(16, triton.next_power_of_2(group))
-    max_splits = max(1, triton.cdiv(int(max_context_len), C.ATTN_SPLIT_KV))
+    max_splits = max(1, triton.cdiv(int(max_context_len), split))
     o = torch.empty_like(q) if out is None else out
-    ws_acc = torch.empty((B, Hq, max_splits, D), device=q.device, dtype=torch.float32)
-    ws_ml = torch.empty((B, Hq, max_splits, 2), device=q.device, dtype=torch.float32)
+    ws_acc, ws_ml = _decode_ws(q, B, Hq, max_splits, D)
     if dense:
         layout, table, tstride, rows = 3, seq_lens, 0, seq_lens
         skb, skt, skh = k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)
@@ -471,14 +557,14 @@ def decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale,
         q, k_cache, v_cache, o, ws_acc, ws_ml, seq_lens, table, tstride, rows,
         q.stride(0), q.stride(1), skb, skt, skh, svb, svt, svh, o.stride(0), o.stride(1),
         ws_sb, ws_sh, ws_ss, softmax_scale * LOG2E,
-        GROUP=group, BLOCK_H=block_h, D=D, TILE=C.ATTN_KV_TILE, SPLIT=C.ATTN_SPLIT_KV,
+        GROUP=group, BLOCK_H=block_h, D=D, TILE=tile, SPLIT=split,
         KV_LAYOUT=layout, PAGE_SIZE=page_size,
-        **_launch_opts(DECODE_WARPS, DECODE_STAGES),
+        **_launch_opts(cfg["dec_warps"], cfg["dec_stages"]),
     )
     if max_splits > 1:
         _attn_decode_merge_kernel[(B, Hkv)](
             o, ws_acc, ws_ml, seq_lens, o.stride(0), o.stride(1), ws_sb, ws_sh, ws_ss,
-            GROUP=group, BLOCK_H=block_h, D=D, SPLIT=C.ATTN_SPLIT_KV,
+            GROUP=group, BLOCK_H=block_h, D=D, SPLIT=split,
             **_launch_opts(4, 1),
         )
     return o
