@@ -1,0 +1,207 @@
+"""Parent side of the evaluator: one process per candidate, hard wall-clock limit, typed status.
+
+The candidate runs in ``python -m areal_tik_plugin.search.worker`` started with
+``start_new_session=True``; on timeout (or when this process is interrupted) the whole process group
+is killed with SIGKILL, so a hung kernel, a stuck compiler or a sleeping candidate cannot outlive
+its evaluation. The status is typed (``ok, compile_error, runtime_error, contract_violation,
+inaccurate, timeout, infra_error``) and only ``ok`` can ever score.
+
+Hash binding: the candidate's source hash is checked against its implementation record before the
+run, reported by the worker as loaded, and re-checked after; the spec (criteria and baseline) and
+the evaluator's own sources (this file, the worker, the runner, the timing function, the loader) are
+hashed before and after and compared with the hashes bound to the run at its creation. Any mismatch
+is an ``infra_error``: the measurement is not comparable with the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from areal_tik_plugin import loader
+from areal_tik_plugin.search import spec as S
+
+STATUS_FROM_STAGE_CRASH = {"start": "infra_error", "compile": "compile_error"}
+
+
+def evaluator_files(spec: dict[str, Any]) -> list[str]:
+    import areal_tik_plugin
+    from areal_tik_plugin.search import runners
+
+    pkg = os.path.dirname(os.path.abspath(areal_tik_plugin.__file__))
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = [
+        os.path.join(here, "evaluator.py"), os.path.join(here, "worker.py"), os.path.join(here, "spec.py"),
+        os.path.abspath(runners.__file__), runners.runner_file(spec["runner"]),
+        os.path.join(pkg, "bench.py"), os.path.join(pkg, "loader.py"), os.path.join(pkg, "_interp.py"),
+        os.path.join(pkg, "gpu", "suite.py"),
+    ]
+    return sorted(set(files))
+
+
+def evaluator_hash(spec: dict[str, Any]) -> str:
+    h = hashlib.sha256()
+    for p in evaluator_files(spec):
+        with open(p, "rb") as f:
+            data = f.read()
+        h.update(os.path.basename(p).encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+class Evaluator:
+    """Runs the worker for one implementation of a run and returns the typed result.
+
+    Parameters
+    ----------
+    timeout_s : hard wall-clock limit per candidate (default: the spec's ``evaluation.timeout_s``)
+    python : interpreter for the worker (default: this one)
+    """
+
+    def __init__(self, timeout_s: float | None = None, python: str | None = None, poll_s: float = 0.25):
+        self.timeout_s = timeout_s
+        self.python = python or sys.executable
+        self.poll_s = poll_s
+
+    def evaluate(self, run, iid: str, progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
+        t_start = time.time()
+        spec = run.spec
+        rec = run.impls[iid]
+        impl_dir = run.impl_dir(iid)
+        work = run.path("work")
+        os.makedirs(work, exist_ok=True)
+        out_path = os.path.join(work, f"{iid}.result.json")
+        log_path = os.path.join(work, f"{iid}.log")
+        spec_path = run.path("spec.json")
+        for p in (out_path,):
+            if os.path.exists(p):
+                os.unlink(p)
+        hashes = {
+            "candidate_record": rec.source_hash,
+            "candidate_before": loader.compute_source_hash(impl_dir),
+            "spec_bound": run.meta["spec_hash"],
+            "baseline_bound": run.meta.get("baseline_hash", ""),
+            "spec_before": S.criteria_hash(spec),
+            "evaluator_bound": run.meta["evaluator_hash"],
+            "evaluator_before": evaluator_hash(spec),
+        }
+
+        def result(status, stage, error, res=None):
+            r = {"status": status, "stage": stage, "latencies_us": {}, "checks": [], "compile": {},
+                 "dispatch": {}, "timing": {}, "error": error, "env": {}}
+            if res:
+                for k in ("latencies_us", "checks", "compile", "dispatch", "timing", "env"):
+                    if isinstance(res.get(k), type(r[k])):
+                        r[k] = res[k]
+                for k, v in (res.get("hashes") or {}).items():
+                    hashes[f"worker_{k}"] = v
+            r["hashes"] = hashes
+            r["log_tail"] = _tail(log_path)
+            r["wall_s"] = round(time.time() - t_start, 3)
+            if status != "ok":
+                r["latencies_us"] = r["latencies_us"] if spec["evaluation"].get("measure_failed") else {}
+            return r
+
+        if hashes["candidate_before"] != rec.source_hash:
+            return result("infra_error", "start", f"hash binding: {iid} sources ({hashes['candidate_before'][:12]}) "
+                                                  f"differ from its record ({rec.source_hash[:12]})")
+        if hashes["evaluator_before"] != hashes["evaluator_bound"]:
+            return result("infra_error", "start", "hash binding: the evaluator sources changed since the run was "
+                                                  "created; measurements would not be comparable (start a new run)")
+        if hashes["spec_before"] != hashes["spec_bound"]:
+            return result("infra_error", "start", "hash binding: spec criteria changed")
+
+        timeout = float(self.timeout_s or spec["evaluation"]["timeout_s"])
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        if spec["target"]["device"] == "cpu":
+            env.setdefault("TRITON_INTERPRET", "1")
+            env.setdefault("OMP_NUM_THREADS", str(spec["evaluation"].get("cpu_threads", 1)))
+        cmd = [self.python, "-m", "areal_tik_plugin.search.worker", "--impl", impl_dir, "--spec", spec_path,
+               "--out", out_path]
+        with open(log_path, "w") as logf:
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, env=env, cwd=work)
+        with open(os.path.join(work, f"{iid}.pid"), "w") as f:
+            f.write(str(proc.pid))
+        deadline = time.time() + timeout
+        timed_out = False
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=self.poll_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if progress is not None:
+                    progress(_read(out_path).get("progress") or {"stage": "start"})
+                if time.time() > deadline:
+                    timed_out = True
+                    _kill_group(proc)
+                    break
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            _kill_group(proc)  # grandchildren left behind by a worker that exited
+        res = _read(out_path)
+        rc = proc.returncode
+        hashes["candidate_after"] = loader.compute_source_hash(impl_dir)
+        hashes["evaluator_after"] = evaluator_hash(spec)
+        hashes["spec_after"] = S.criteria_hash(S.load(spec_path))
+        stage = res.get("stage", "start")
+        if timed_out:
+            return result("timeout", stage, f"killed after the {timeout:.0f} s wall-clock limit (stage {stage}, "
+                                            f"progress {res.get('progress')})", res)
+        if res.get("status") is None:
+            why = f"killed by signal {-rc}" if rc is not None and rc < 0 else f"exited with code {rc}"
+            status = STATUS_FROM_STAGE_CRASH.get(stage, "runtime_error")
+            return result(status, stage, f"the candidate process {why} during stage {stage} without a result", res)
+        binding = []
+        if hashes["candidate_after"] != hashes["candidate_before"]:
+            binding.append("the candidate's sources changed during its evaluation")
+        if res.get("hashes", {}).get("candidate_loaded") not in (None, hashes["candidate_before"]):
+            binding.append("the worker loaded sources with another hash")
+        if hashes["evaluator_after"] != hashes["evaluator_before"] or \
+                res.get("hashes", {}).get("evaluator") not in (None, hashes["evaluator_before"]):
+            binding.append("the evaluator sources changed during the evaluation")
+        if hashes["spec_after"] != hashes["spec_before"] or res.get("hashes", {}).get("spec") != hashes["spec_before"]:
+            binding.append("the spec changed during the evaluation")
+        if binding:
+            return result("infra_error", stage, "hash binding: " + "; ".join(binding), res)
+        return result(res["status"], stage, res.get("error"), res)
+
+
+def _read(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _tail(path: str, n: int = 6000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        pass

@@ -1,0 +1,352 @@
+"""Evaluate one candidate implementation in this (dedicated, killable) process.
+
+``python -m areal_tik_plugin.search.worker --impl DIR --spec SPEC.json --out RESULT.json``
+
+Stages, in order, stopping at the first failure: compile -> bitwise contract -> accuracy -> latency on
+every workload. The result JSON is rewritten atomically after every stage (and every workload), so a
+crash or a kill leaves the last stage reached for the parent to report. The exit code is 0 whenever
+a result with a status was written, whatever the status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+import traceback
+from typing import Any
+
+STAGES = ("start", "compile", "bitwise", "accuracy", "latency", "done")
+FOREIGN_KERNELS = re.compile(r"flash|fmha|cudnn|cutlass|xmma|sdpa|attention|gemm|cublas", re.I)
+
+
+def _write(path: str, obj: dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def environment(device: str) -> dict[str, Any]:
+    from areal_tik_plugin import evidence
+
+    env = evidence.environment()
+    env["hostname"] = platform.node()
+    env["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    env["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    env["device"] = device
+    if device == "cpu":
+        env["cpu_model"] = _cpu_model()
+        env["cpu_count"] = os.cpu_count()
+    return env
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def measure(fn, spec: dict[str, Any], device: str) -> dict[str, Any]:
+    """Latency of ``fn`` in microseconds by the spec's timing method (GPU: areal_tik_plugin.bench)."""
+    t = spec["evaluation"].get("timing", {})
+    if device == "cpu":
+        import statistics
+
+        for _ in range(int(t.get("warmup", 1))):
+            fn()
+        times = []
+        for _ in range(int(t.get("reps", 5))):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        stat = t.get("stat", "median")
+        us = float(min(times) if stat == "min" else statistics.median(times))
+        return {"method": f"cpu_perf_counter_{stat}", "us": us, "reps": len(times), "all_us": times}
+    import torch
+
+    from areal_tik_plugin import bench
+
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    est_us = max(a.elapsed_time(b) * 1e3, 1.0)
+    method = t.get("method", "graph")
+    out: dict[str, Any] = {"method": method, "single_call_us": est_us}
+    if method in ("graph", "both"):
+        n_inner = t.get("n_inner", "auto")
+        if n_inner == "auto":
+            n_inner = int(min(max(1, round(float(t.get("target_ms", 2.0)) * 1e3 / est_us)), int(t.get("max_inner", 20))))
+        rounds = int(t.get("rounds", 7))
+        out["graph_us"] = bench.time_graph_us(fn, n_inner=int(n_inner), rounds=rounds)
+        out.update(n_inner=int(n_inner), rounds=rounds)
+    if method in ("cold", "both"):
+        out["cold_us"] = bench.time_cold_us(fn, warmup_ms=float(t.get("warmup_ms", 5)), rep_ms=float(t.get("rep_ms", 25)))
+    out["us"] = out["graph_us"] if method in ("graph", "both") else out["cold_us"]
+    return out
+
+
+def _own_kernel_names(impl) -> set[str]:
+    names = set()
+    try:
+        from triton.runtime.jit import JITFunction
+    except Exception:  # pragma: no cover
+        return names
+    for modname, mod in list(sys.modules.items()):
+        if not modname.startswith(impl.package + ".") or mod is None:
+            continue
+        for obj in vars(mod).values():
+            if isinstance(obj, JITFunction):
+                names.add(getattr(obj.fn, "__name__", ""))
+    return names
+
+
+def profile_dispatch(ctx, fn) -> dict[str, Any]:
+    """Kernels launched by one call (GPU profiler); own = JIT functions of the candidate's modules."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = sorted({e.name for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")})
+    own_names = _own_kernel_names(ctx.impl)
+    own = [k for k in kernels if any(k.startswith(n) for n in own_names if n)]
+    foreign = [k for k in kernels if k not in own and FOREIGN_KERNELS.search(k)]
+    return {"kernels": kernels, "own": own, "foreign": foreign}
+
+
+def compile_evidence(impl) -> list[dict[str, Any]]:
+    """Registers / spills / shared memory of every compiled Triton kernel of the candidate (GPU)."""
+    out = []
+    try:
+        from triton.runtime.jit import JITFunction
+    except Exception:  # pragma: no cover
+        return out
+    for modname, mod in list(sys.modules.items()):
+        if not modname.startswith(impl.package + ".") or mod is None:
+            continue
+        for obj in vars(mod).values():
+            if not isinstance(obj, JITFunction):
+                continue
+            caches = getattr(obj, "device_caches", None) or {}
+            for dev_cache in caches.values():
+                kc = dev_cache[0] if isinstance(dev_cache, (tuple, list)) else dev_cache
+                for k in getattr(kc, "values", lambda: [])():
+                    md = getattr(k, "metadata", None)
+                    out.append({
+                        "kernel": obj.fn.__name__,
+                        "n_regs": getattr(k, "n_regs", None),
+                        "n_spills": getattr(k, "n_spills", None),
+                        "shared": getattr(md, "shared", None),
+                        "num_warps": getattr(md, "num_warps", None),
+                        "num_stages": getattr(md, "num_stages", None),
+                    })
+    return out
+
+
+def run(impl_path: str, spec_path: str, out_path: str) -> dict[str, Any]:
+    res: dict[str, Any] = {
+        "status": None, "stage": "start", "latencies_us": {}, "checks": [], "compile": {}, "dispatch": {},
+        "timing": {}, "error": None, "hashes": {}, "env": {}, "progress": {}, "pid": os.getpid(),
+    }
+
+    def stage(name: str) -> None:
+        res["stage"] = name
+        res["progress"] = {"stage": name, "t": time.time()}
+        _write(out_path, res)
+
+    def fail(status: str, msg: str) -> dict[str, Any]:
+        res["status"] = status
+        res["error"] = msg[-4000:]
+        _write(out_path, res)
+        return res
+
+    _write(out_path, res)
+    from areal_tik_plugin.search import spec as S
+    from areal_tik_plugin.search.evaluator import evaluator_hash
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    res["hashes"]["spec"] = S.criteria_hash(spec)
+    res["hashes"]["baseline"] = S.baseline_hash(spec)
+    device = spec["target"]["device"]
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return fail("infra_error", "the spec targets CUDA but no CUDA device is visible")
+    if device == "cpu":
+        torch.set_num_threads(int(spec["evaluation"].get("cpu_threads", 1)))
+    res["env"] = environment(device)
+    try:
+        res["hashes"]["evaluator"] = evaluator_hash(spec)
+        from areal_tik_plugin.gpu.suite import Recorder
+        from areal_tik_plugin.search.runners import Context, load_runner
+
+        runner = load_runner(spec["runner"])
+    except Exception as e:
+        return fail("infra_error", f"evaluator setup failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+    mf = spec["evaluation"].get("measure_failed", False)
+
+    # ---- compile ---------------------------------------------------------------------------------
+    stage("compile")
+    from areal_tik_plugin import loader
+
+    try:
+        impl = loader.load_implementation(impl_path)
+    except loader.ImplementationError as e:
+        kind = "infra_error" if "does not match" in str(e) else "compile_error"
+        return fail(kind, f"{type(e).__name__}: {e}")
+    res["hashes"]["candidate_loaded"] = impl.source_hash
+    rec = Recorder(spec["name"])
+    ctx = Context(impl, spec, device, rec)
+    try:
+        info = runner.compile(ctx) or {}
+        _sync(device)
+        if device == "cuda":
+            info["kernels"] = compile_evidence(impl)
+        res["compile"] = info
+    except BaseException as e:  # noqa: BLE001 - a candidate may raise anything, SystemExit included
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return fail("compile_error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    failed_status = None
+
+    # ---- bitwise contract ------------------------------------------------------------------------
+    stage("bitwise")
+    for suite in spec.get("bitwise", []):
+        n_before = len(rec.checks)
+        try:
+            runner.bitwise_suite(ctx, suite)
+            _sync(device)
+        except BaseException as e:  # noqa: BLE001
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            rec.check(f"bitwise:{suite['suite']}", False, kind="error", error=f"{type(e).__name__}: {e}"[:800],
+                      trace=traceback.format_exc()[-2000:])
+            res["checks"] = rec.checks
+            return fail("runtime_error", f"bitwise suite {suite['suite']}: {type(e).__name__}: {e}\n"
+                                         f"{traceback.format_exc()}")
+        if len(rec.checks) == n_before:
+            rec.check(f"bitwise:{suite['suite']}", False, kind="error", error="the suite recorded no check")
+        res["checks"] = rec.checks
+        _write(out_path, res)
+    bad = [c["name"] for c in rec.checks if not c["passed"]]
+    if bad:
+        failed_status = "contract_violation"
+        if not mf:
+            return fail("contract_violation", f"bitwise checks failed: {bad[:20]}")
+
+    # ---- accuracy --------------------------------------------------------------------------------
+    stage("accuracy")
+    for case in spec.get("accuracy", []):
+        n_before = len(rec.checks)
+        try:
+            runner.accuracy_case(ctx, case)
+            _sync(device)
+        except BaseException as e:  # noqa: BLE001
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            rec.check(f"accuracy:{case['suite']}", False, kind="error", error=f"{type(e).__name__}: {e}"[:800])
+            res["checks"] = rec.checks
+            return fail("runtime_error", f"accuracy case {case['suite']}: {type(e).__name__}: {e}\n"
+                                         f"{traceback.format_exc()}")
+        if len(rec.checks) == n_before:
+            rec.check(f"accuracy:{case['suite']}", False, kind="error", error="the case recorded no check")
+        res["checks"] = rec.checks
+        _write(out_path, res)
+    bad = [c["name"] for c in rec.checks if not c["passed"] and c.get("kind") == "accuracy"]
+    if bad and failed_status is None:
+        failed_status = "inaccurate"
+        if not mf:
+            return fail("inaccurate", f"accuracy checks failed: {bad[:20]}")
+
+    # ---- latency on every workload ---------------------------------------------------------------
+    stage("latency")
+    dispatch_mode = spec["evaluation"].get("dispatch", "per_entry")
+    wls = spec["workloads"]
+    profiled: dict[str, int] = {}
+    last_of_entry = {w["entry"]: i for i, w in enumerate(wls)}
+    for i, w in enumerate(wls):
+        res["progress"] = {"stage": "latency", "workload": w["name"], "index": i, "total": len(wls), "t": time.time()}
+        _write(out_path, res)
+        try:
+            fn = runner.workload(ctx, w)
+            n0 = ctx.calls[w["entry"]]
+            fn()
+            _sync(device)
+            if ctx.calls[w["entry"]] == n0:
+                rec.check(f"own_code[{w['name']}]", False, kind="dispatch",
+                          error=f"the workload did not call the candidate's entry point {w['entry']}")
+                res["checks"] = rec.checks
+                return fail("contract_violation", f"workload {w['name']} did not run the candidate's {w['entry']}")
+            if device == "cuda" and dispatch_mode != "off":
+                want = dispatch_mode == "all" or w["entry"] not in profiled or i == last_of_entry[w["entry"]]
+                if want:
+                    d = (runner.dispatch(ctx, fn, w) if hasattr(runner, "dispatch") else profile_dispatch(ctx, fn))
+                    profiled[w["entry"]] = profiled.get(w["entry"], 0) + 1
+                    res["dispatch"][w["name"]] = d
+                    ok = bool(d["own"]) and not d["foreign"]
+                    rec.check(f"own_kernels[{w['name']}]", ok, kind="dispatch", kernels=d["kernels"][:20])
+                    if not ok:
+                        res["checks"] = rec.checks
+                        return fail("contract_violation", f"workload {w['name']}: kernels {d['kernels'][:10]} "
+                                                          f"(own {d['own']}, foreign {d['foreign']})")
+            t = measure(fn, spec, device)
+            n_after = ctx.calls[w["entry"]]
+            res["timing"][w["name"]] = t
+            res["latencies_us"][w["name"]] = t["us"]
+            if n_after == n0:  # pragma: no cover - measure() always calls fn
+                return fail("contract_violation", f"timing of {w['name']} did not call the candidate")
+            del fn
+        except BaseException as e:  # noqa: BLE001
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            res["checks"] = rec.checks
+            return fail("runtime_error", f"workload {w['name']}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        _write(out_path, res)
+    if device == "cpu":
+        rec.check("own_code", True, kind="dispatch", calls=dict(ctx.calls))
+    res["dispatch"]["entry_calls"] = dict(ctx.calls)
+    res["checks"] = rec.checks
+    stage("done")
+    if failed_status:
+        return fail(failed_status, "correctness checks failed (latency measured for evidence only)")
+    res["status"] = "ok"
+    _write(out_path, res)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.search.worker")
+    ap.add_argument("--impl", required=True)
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    run(args.impl, args.spec, args.out)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
