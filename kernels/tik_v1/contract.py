@@ -20,6 +20,26 @@ ATTN_EXP = "exp2"
 # --- RMSNorm ---------------------------------------------------------------------------------
 # Sum of squares over the hidden dim reduced in a fixed tree; fp32; eps added before rsqrt.
 RMSNORM_BLOCK = 0  # 0 = one tile covering the whole row (next power of two)
+# A program normalizes a tile of ROWS = max(1, RMSNORM_TILE_ELEMS // next_pow2(H)) rows; the tile
+# shape and num_warps (rmsnorm.tile_config) are a function of H only, so the reduction tree of a
+# row never depends on how many rows the call has. var = div_rn(sum, H); rstd = rsqrt(var + eps);
+# the normalized row is rounded to the activation dtype before the weight product (HF order).
+RMSNORM_TILE_ELEMS = 4096
+
+# --- RoPE ------------------------------------------------------------------------------------
+# NeoX rotate-half. freq = float32(pos) * inv_freq (one fp32 multiply, as HF); cos/sin in fp32
+# (libdevice cosf/sinf on GPU) times attention_scaling; out = x1*cos - x2*sin, x2*cos + x1*sin in
+# fp32 with contraction off, rounded once to the activation dtype. Elementwise: no reduction.
+ROPE_MATH = "fp32"
+
+# --- SwiGLU ----------------------------------------------------------------------------------
+# out = dtype(silu(g) * u) in fp32 with silu(g) = g / (1 + exp(-g)); one rounding.
+SWIGLU_MATH = "fp32"
+
+# --- KV-cache write ----------------------------------------------------------------------------
+# k_cache[loc[i]] = k[i], v_cache[loc[i]] = v[i]: a bit copy (integer views), no conversion.
+KV_WRITE_EXACT = True
+
 
 # --- GEMM ------------------------------------------------------------------------------------
 # The K reduction is chunked in GEMM_BLOCK_K columns, accumulated in fp32 in increasing K order,
@@ -47,6 +67,10 @@ MOE_COMBINE_ORDER = "slot"
 # The vocab reduction (max, sum of exp) is partitioned into chunks of LOGPROB_VOCAB_CHUNK columns
 # merged left to right, for every batch size.
 LOGPROB_VOCAB_CHUNK = 4096
+# Each chunk's (max, sum exp, sum exp*(s-max)) is reduced by one program of LOGPROB_CHUNK_WARPS warps
+# (the tl.sum tree depends on it); s = float(logit) * div_rn(1, T); merged left to right by
+# logprob._merge on every path.
+LOGPROB_CHUNK_WARPS = 4
 
 COUPLED = {
     "ATTN_KV_TILE": (32, 64, 128),
@@ -59,4 +83,10 @@ COUPLED = {
 COUPLED.update({
     "MOE_ROUTE_BLOCK_T": (8, 16, 32),
     "MOE_ROUTE_WARPS": (1, 2, 4, 8),
+})
+
+# Coupled knobs of the row-wise ops (rmsnorm, logprob): each changes the bits of every row at once.
+COUPLED.update({
+    "RMSNORM_TILE_ELEMS": (1024, 2048, 4096, 8192),
+    "LOGPROB_CHUNK_WARPS": (2, 4, 8),
 })

@@ -1,0 +1,90 @@
+"""Token log-prob (and entropy) under temperature: ``log_softmax(logits.float() / T)[token]``.
+
+The same op in the SGLang sampler (per-request temperatures as an fp32 tensor) and in the trainer
+(a float): pass the same temperature value and the rows agree bit for bit, whatever the batch.
+The vocab reduction is partitioned into fixed chunks merged left to right (see the kernel), so a
+row's result never depends on how many rows the call holds.
+
+Usage::
+
+    logp = token_logprobs(logits, next_tokens, temperature=gconfig.temperature)
+    logp, ent = token_logprobs(logits, next_tokens, 0.7, return_entropy=True)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from areal_tik_plugin.ops import _validate as V
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _impl():
+    from areal_tik_plugin.loader import get_implementation
+
+    return get_implementation().module("logprob")
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, tokens, temperature, temp_tensor):
+        t = temp_tensor if temp_tensor is not None else temperature
+        logp, ent, lse = _impl().forward(logits, tokens, t)
+        ctx.save_for_backward(logits, tokens, lse, ent, temp_tensor)
+        ctx.temperature = temperature
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        logits, tokens, lse, ent, temp_tensor = ctx.saved_tensors
+        t = temp_tensor if temp_tensor is not None else ctx.temperature
+        dx = _impl().backward(logits, tokens, t, lse, ent, g_logp, g_ent)
+        return dx, None, None, None
+
+
+def token_logprobs(logits, tokens, temperature=1.0, return_entropy=False):
+    """Log-probability of each row's token under ``softmax(logits.float() / temperature)``.
+
+    Parameters
+    ----------
+    logits : Tensor [..., V] bf16/fp16/fp32, last dim contiguous
+    tokens : int32/int64 Tensor [...] (the leading shape of logits), values in [0, V)
+    temperature : float > 0, or an fp32 Tensor of per-row temperatures (shape of tokens)
+    return_entropy : also return the entropy of each row's distribution
+
+    Returns
+    -------
+    logp fp32 Tensor (shape of tokens), or (logp, entropy); differentiable w.r.t. logits.
+    """
+    V.tensor("logits", logits, dtypes=FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"logits: expected a tensor [..., V] with V >= 1, got shape {tuple(logits.shape)}")
+    Vn = logits.shape[-1]
+    lead = tuple(logits.shape[:-1])
+    V.tensor("tokens", tokens, dtypes=V.INDEX_DTYPES, device=logits.device, allow_empty=True)
+    if tuple(tokens.shape) != lead:
+        raise ValueError(f"tokens: expected shape {lead} (the leading dims of logits), got {tuple(tokens.shape)}")
+    temp_tensor = None
+    if isinstance(temperature, torch.Tensor):
+        V.tensor("temperature", temperature, dtypes=(torch.float32,), device=logits.device, allow_empty=True)
+        if tuple(temperature.shape) != lead:
+            raise ValueError(f"temperature: expected a float or an fp32 tensor of shape {lead}, "
+                             f"got shape {tuple(temperature.shape)}")
+        temp_tensor = temperature.reshape(-1).contiguous()
+        temperature = 1.0
+        if temp_tensor.numel() and V.check_values(logits.device) and not bool((temp_tensor > 0).all()):
+            raise ValueError("temperature: expected positive values")
+    else:
+        temperature = V.positive_float("temperature", temperature)
+    if not isinstance(return_entropy, bool):
+        raise TypeError(f"return_entropy: expected a bool, got {type(return_entropy).__name__}")
+    x = logits.reshape(-1, Vn)
+    tok = tokens.reshape(-1).contiguous()
+    if tok.numel() and V.check_values(logits.device):
+        lo, hi = int(tok.min()), int(tok.max())
+        if lo < 0 or hi >= Vn:
+            raise ValueError(f"tokens: expected values in [0, {Vn}), got min {lo} max {hi}")
+    logp, ent = _TokenLogprobs.apply(x, tok, temperature, temp_tensor)
+    logp, ent = logp.view(lead), ent.view(lead)
+    return (logp, ent) if return_entropy else logp

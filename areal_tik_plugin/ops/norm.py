@@ -1,0 +1,114 @@
+"""RMSNorm family: hidden-state norm, per-head Q/K norm, fused residual-add + norm.
+
+HF Qwen2/Qwen3/Llama semantics: variance in fp32, ``x * rsqrt(var + eps)`` rounded to the input
+dtype, *then* multiplied by the weight (one rounding). Every output row depends only on its own
+input row (bitwise, for any number of rows / position in the batch / fused or unfused residual).
+
+Usage::
+
+    h = rms_norm(x, layer.input_layernorm.weight, eps)              # x [T, H]
+    q = rms_norm(q.view(T, Hq, D), attn.q_norm.weight, eps)         # Qwen3 per-head norm
+    y, residual = rms_norm_residual(x, residual, w, eps)             # SGLang fused add + norm
+"""
+
+from __future__ import annotations
+
+import torch
+
+from areal_tik_plugin.ops import _validate as V
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _impl():
+    from areal_tik_plugin.loader import get_implementation
+
+    return get_implementation().module("rmsnorm")
+
+
+def _check(x, weight, eps):
+    V.tensor("x", x, dtypes=FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
+    if x.dim() < 1:
+        raise ValueError("x: expected a tensor [..., H] with at least one dimension, got a scalar")
+    H = x.shape[-1]
+    if H < 1:
+        raise ValueError(f"x: expected a positive hidden size (last dim), got shape {tuple(x.shape)}")
+    impl = _impl()
+    if H > impl.MAX_H:
+        raise ValueError(f"x: expected hidden size <= {impl.MAX_H}, got {H}")
+    V.tensor("weight", weight, ndim=1, dtypes=(x.dtype, torch.float32), device=x.device)
+    if weight.numel() != H:
+        raise ValueError(f"weight: expected shape ({H},) (the last dim of x), got {tuple(weight.shape)}")
+    if weight.stride(0) != 1:
+        raise ValueError(f"weight: expected a contiguous tensor, got stride {weight.stride()}")
+    return V.positive_float("eps", eps)
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return _impl().forward(x, weight, eps)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dx, dw = _impl().backward(dy, x, weight, ctx.eps)
+        return dx, dw.to(weight.dtype), None
+
+
+class _RMSNormResidual(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps):
+        y, new_res = _impl().forward(x, weight, eps, residual=residual)
+        ctx.save_for_backward(new_res, weight)
+        ctx.eps = eps
+        return y, new_res
+
+    @staticmethod
+    def backward(ctx, dy, dres):
+        new_res, weight = ctx.saved_tensors
+        if dy is None:
+            dy = torch.zeros_like(new_res)
+        dx, dw = _impl().backward(dy, new_res, weight, ctx.eps, dres=dres)
+        return dx, dx, dw.to(weight.dtype), None
+
+
+def rms_norm(x, weight, eps):
+    """RMSNorm over the last dim.
+
+    Parameters
+    ----------
+    x : Tensor [..., H] bf16/fp16/fp32, last dim contiguous. Per-head Q/K norm: x = q.view(T, Hq, D)
+        (a strided slice of a fused QKV output is read in place) with weight [D].
+    weight : Tensor [H], dtype of x or fp32
+    eps : float > 0
+
+    Returns
+    -------
+    Tensor like x (contiguous, x.dtype); differentiable w.r.t. x and weight.
+    """
+    eps = _check(x, weight, eps)
+    return _RMSNorm.apply(x, weight, eps)
+
+
+def rms_norm_residual(x, residual, weight, eps):
+    """Fused residual add + RMSNorm: ``new_residual = x + residual`` (rounded to x.dtype, as
+    PyTorch's add), ``y = rms_norm(new_residual)``. Bitwise ``y == rms_norm(x + residual)``.
+
+    Parameters
+    ----------
+    x, residual : Tensor [..., H], same shape and dtype, last dim contiguous
+    weight : Tensor [H]
+    eps : float > 0
+
+    Returns
+    -------
+    (y, new_residual), both like x (new tensors; inputs are not modified).
+    """
+    eps = _check(x, weight, eps)
+    V.tensor("residual", residual, dtypes=(x.dtype,), device=x.device, contiguous_last=True, allow_empty=True)
+    if residual.shape != x.shape:
+        raise ValueError(f"residual: expected shape {tuple(x.shape)} (same as x), got {tuple(residual.shape)}")
+    return _RMSNormResidual.apply(x, residual, weight, eps)

@@ -1,0 +1,86 @@
+"""NeoX (rotate-half) rotary position embedding from arbitrary per-token positions.
+
+Matches HF ``apply_rotary_pos_emb(q, k, cos, sin)`` with ``cos, sin = RotaryEmbedding(x, position_ids)``
+(``freq = position.float() * inv_freq`` in fp32, ``cos/sin * attention_scaling``) except that cos/sin
+and the products stay in fp32 and the result is rounded once. Works for packed sequences (positions
+restart per sequence) and decode (one position per request) alike: elementwise per token.
+
+Usage (Qwen3; after the per-head q/k norm)::
+
+    inv_freq = rotary_emb.inv_freq            # fp32 [head_dim // 2] (or [rotary_dim // 2])
+    q, k = apply_rope(q.view(T, Hq, D), k.view(T, Hkv, D), position_ids.view(-1), inv_freq,
+                      rotary_emb.attention_scaling)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from areal_tik_plugin.ops import _validate as V
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MAX_EXACT_POSITION = 1 << 24  # positions are converted to fp32 exactly below this
+
+
+def _impl():
+    from areal_tik_plugin.loader import get_implementation
+
+    return get_implementation().module("rope")
+
+
+class _Rope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, positions, inv_freq, scaling):
+        ctx.save_for_backward(positions, inv_freq)
+        ctx.scaling = scaling
+        ctx.q_shape, ctx.dtype = q.shape, q.dtype
+        return _impl().forward(q, k, positions, inv_freq, scaling)
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        positions, inv_freq = ctx.saved_tensors
+        if dq is None:
+            dq = torch.zeros(ctx.q_shape, dtype=ctx.dtype, device=positions.device)
+        dq = dq if dq.stride(-1) == 1 else dq.contiguous()
+        if dk is not None and dk.stride(-1) != 1:
+            dk = dk.contiguous()
+        dq_in, dk_in = _impl().backward(dq, dk, positions, inv_freq, ctx.scaling)
+        return dq_in, dk_in, None, None, None
+
+
+def apply_rope(q, k, positions, inv_freq, attention_scaling=1.0):
+    """Rotate q and k by their tokens' positions (NeoX rotate-half).
+
+    Parameters
+    ----------
+    q : Tensor [T, Hq, D] bf16/fp16/fp32, last dim contiguous (strided views of a QKV output are fine)
+    k : Tensor [T, Hkv, D] same dtype, or None
+    positions : int32/int64 Tensor [T], 0 <= position < 2**24
+    inv_freq : fp32 Tensor [R/2], R = rotary dim <= D (even); dims [R, D) pass through unchanged
+    attention_scaling : float > 0, multiplies cos and sin (HF ``attention_scaling``; 1.0 for default RoPE)
+
+    Returns
+    -------
+    (q_out, k_out), new contiguous tensors (k_out None when k is None); differentiable w.r.t. q, k.
+    """
+    V.tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
+    T, _, D = q.shape
+    if D < 2 or D % 2:
+        raise ValueError(f"q: expected an even head_dim >= 2, got {D}")
+    if k is not None:
+        V.tensor("k", k, ndim=3, dtypes=(q.dtype,), device=q.device, contiguous_last=True, allow_empty=True)
+        if k.shape[0] != T or k.shape[2] != D:
+            raise ValueError(f"k: expected shape [{T}, Hkv, {D}] (tokens and head_dim of q), got {tuple(k.shape)}")
+    V.tensor("positions", positions, ndim=1, dtypes=V.INDEX_DTYPES, device=q.device, contiguous=True,
+             allow_empty=True)
+    if positions.numel() != T:
+        raise ValueError(f"positions: expected {T} entries (one per token of q), got {positions.numel()}")
+    V.tensor("inv_freq", inv_freq, ndim=1, dtypes=(torch.float32,), device=q.device, contiguous=True)
+    if 2 * inv_freq.numel() > D:
+        raise ValueError(f"inv_freq: expected at most head_dim/2 = {D // 2} entries, got {inv_freq.numel()}")
+    scaling = V.positive_float("attention_scaling", attention_scaling)
+    if T and V.check_values(q.device):
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo < 0 or hi >= MAX_EXACT_POSITION:
+            raise ValueError(f"positions: expected values in [0, {MAX_EXACT_POSITION}), got min {lo} max {hi}")
+    return _Rope.apply(q, k, positions, inv_freq, scaling)

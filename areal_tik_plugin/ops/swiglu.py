@@ -1,0 +1,84 @@
+"""SwiGLU activation: ``silu(gate) * up`` in fp32, rounded once to the activation dtype.
+
+``swiglu_fused`` takes the fused gate_up projection output (SGLang ``MergedColumnParallelLinear`` /
+``SiluAndMul`` layout: gate first, up second). Elementwise, hence token invariant.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from areal_tik_plugin.ops import _validate as V
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _impl():
+    from areal_tik_plugin.loader import get_implementation
+
+    return get_implementation().module("swiglu")
+
+
+def _grad(dy):
+    return dy if dy.stride(-1) == 1 else dy.contiguous()
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return _impl().forward(gate, up)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        return _impl().backward(_grad(dy), gate, up)
+
+
+class _SwiGLUFused(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate_up):
+        ctx.save_for_backward(gate_up)
+        return _impl().forward_fused(gate_up)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (gate_up,) = ctx.saved_tensors
+        return _impl().backward_fused(_grad(dy), gate_up)
+
+
+def swiglu(gate, up):
+    """``silu(gate) * up``.
+
+    Parameters
+    ----------
+    gate, up : Tensor [..., I], same shape and dtype (bf16/fp16/fp32), last dim contiguous
+
+    Returns
+    -------
+    Tensor [..., I] (contiguous); differentiable w.r.t. gate and up.
+    """
+    V.tensor("gate", gate, dtypes=FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
+    V.tensor("up", up, dtypes=(gate.dtype,), device=gate.device, contiguous_last=True, allow_empty=True)
+    if gate.dim() < 1:
+        raise ValueError("gate: expected a tensor [..., I], got a scalar")
+    if up.shape != gate.shape:
+        raise ValueError(f"up: expected shape {tuple(gate.shape)} (same as gate), got {tuple(up.shape)}")
+    return _SwiGLU.apply(gate, up)
+
+
+def swiglu_fused(gate_up):
+    """``silu(gate_up[..., :I]) * gate_up[..., I:]``.
+
+    Parameters
+    ----------
+    gate_up : Tensor [..., 2I] bf16/fp16/fp32, last dim contiguous, even last dim
+
+    Returns
+    -------
+    Tensor [..., I] (contiguous); differentiable w.r.t. gate_up.
+    """
+    V.tensor("gate_up", gate_up, dtypes=FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
+    if gate_up.dim() < 1 or gate_up.shape[-1] % 2:
+        raise ValueError(f"gate_up: expected a tensor [..., 2I] with an even last dim, got shape {tuple(gate_up.shape)}")
+    return _SwiGLUFused.apply(gate_up)

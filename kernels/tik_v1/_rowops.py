@@ -1,0 +1,103 @@
+"""Launch helpers shared by the row-wise ops (rmsnorm, rope, swiglu, kv_write, logprob).
+
+Row reductions (RMSNorm's sum of squares, log-prob's max / sum-exp) are summed by ``tl.sum`` in an
+order fixed by the register layout of the tile, and Triton picks that layout from the tile shape,
+``num_warps`` *and* what it knows about the alignment of the pointers (16-byte specialization of
+pointer arguments, divisibility-by-16 specialization of integer arguments). Two calls that differ
+only in a row stride or in the alignment of a view could therefore compile to two variants that sum
+a row in different orders. These helpers make the compiled variant a function of the op's fixed
+sizes (hidden size / vocab) and dtype only:
+
+* integer arguments that vary between calls (row counts, strides) are ``do_not_specialize`` in the
+  kernels; strides are passed in units of ``VEC`` elements (``stride // VEC``) and multiplied back
+  by the constexpr ``VEC`` inside the kernel, so the compiler still knows they are multiples of VEC;
+* every tensor handed to a reduction kernel starts at a 16-byte aligned address and has strides that
+  are multiples of ``VEC`` (:func:`canonical`), copying the (rare) view that does not.
+
+:func:`to_act` is the one place where an fp32 value is rounded to the activation dtype. On the GPU it
+is the plain conversion (round to nearest even). Triton 3.6's *interpreter* truncates fp32 -> bf16
+(``_convert_float`` with no rounding mode), so under the interpreter the value is rounded to nearest
+even by integer arithmetic first and the low bits cleared, which makes the following conversion exact
+whatever rounding the interpreter uses.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def launch_opts(num_warps: int, num_stages: int = 1) -> dict:
+    """Launch keywords: fixed warps, FP contraction off (a*b+c never fused differently)."""
+    if interpreting():
+        return {}
+    return {"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": False}
+
+
+def vec_for(n: int, elem_size: int) -> int:
+    """Largest power of two <= 16 bytes / elem_size that divides ``n`` (elements per vector load)."""
+    v = max(1, 16 // elem_size)
+    while v > 1 and n % v:
+        v //= 2
+    return v
+
+
+def aligned(t: torch.Tensor, vec: int, strides) -> bool:
+    return t.data_ptr() % 16 == 0 and all(s % vec == 0 for s in strides)
+
+
+def fresh_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy in a new (16-byte aligned) allocation, even if ``t`` is contiguous."""
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+def row_layout(x: torch.Tensor):
+    """Describe the rows of ``x`` [..., H] (last dim stride 1) as ``(M, NH, st, sh)``: row ``r`` starts
+    at element ``(r // NH) * st + (r % NH) * sh``. Returns None when the leading dims cannot be
+    folded into two levels."""
+    dims = [(n, s) for n, s in zip(x.shape[:-1], x.stride()[:-1]) if n != 1]
+    merged: list[list[int]] = []
+    for n, s in dims:
+        if merged and merged[-1][1] == s * n:
+            merged[-1] = [merged[-1][0] * n, s]
+        else:
+            merged.append([n, s])
+    m = 1
+    for n in x.shape[:-1]:
+        m *= n
+    if not merged:
+        return m, 1, 0, 0
+    if len(merged) == 1:
+        return m, 1, merged[0][1], 0
+    if len(merged) == 2:
+        return m, merged[1][0], merged[0][1], merged[1][1]
+    return None
+
+
+def canonical(x: torch.Tensor, vec: int):
+    """``(x_used, M, NH, st, sh)`` with ``x_used`` 16-byte aligned and st, sh multiples of ``vec``."""
+    lay = row_layout(x) if x.stride(-1) == 1 else None
+    if lay is None or not aligned(x, vec, lay[2:]):
+        x = fresh_copy(x)
+        lay = row_layout(x)
+    return (x,) + tuple(lay)
+
+
+@triton.jit
+def to_act(x, dtype: tl.constexpr, INTERP: tl.constexpr):
+    """Round fp32 ``x`` to ``dtype`` to nearest even (GPU: one cvt; interpreter: see module doc)."""
+    if INTERP:
+        if dtype == tl.bfloat16:
+            u = x.to(tl.uint32, bitcast=True)
+            u = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000
+            x = tl.where(x != x, x, u.to(tl.float32, bitcast=True))
+    return x.to(dtype)

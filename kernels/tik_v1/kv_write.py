@@ -1,0 +1,58 @@
+"""KV-cache write (SGLang ``set_kv_buffer`` semantics): k_cache[loc[i]] = k[i], v_cache[loc[i]] = v[i].
+
+A bit copy through integer views of the same width (no float conversion, NaN payloads kept). One
+program per token; out-of-range slots are skipped (``ops.kv_write`` rejects them when it may read
+values). The launch depends on shapes only: CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._rowops import launch_opts
+
+KNOBS = {"free": {"TILE_ELEMS": (1024, 2048, 4096), "WARPS": (1, 2, 4)}}
+TILE_ELEMS = 2048
+WARPS = 4
+
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@triton.jit
+def _kv_write_kernel(
+    K, V, KC, VC, LOC, n_slots,
+    skt, skh, svt, svh, skct, skch, svct, svch,
+    HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(LOC + t).to(tl.int64)
+    ok = (slot >= 0) & (slot < n_slots)
+    d = tl.arange(0, BLOCK_D)
+    for h0 in tl.static_range(0, HKV, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        m = (h < HKV)[:, None] & (d < D)[None, :] & ok
+        hh = h.to(tl.int64)[:, None]
+        kx = tl.load(K + t * skt + hh * skh + d[None, :], mask=m)
+        tl.store(KC + slot * skct + hh * skch + d[None, :], kx, mask=m)
+        vx = tl.load(V + t * svt + hh * svh + d[None, :], mask=m)
+        tl.store(VC + slot * svct + hh * svch + d[None, :], vx, mask=m)
+
+
+def forward(k_cache, v_cache, loc, k, v):
+    """k/v [T, Hkv, D] into k_cache/v_cache [slots, Hkv, D] at rows ``loc`` [T] (int32/int64)."""
+    T, hkv, D = k.shape
+    if T == 0:
+        return None
+    iv = _INT_VIEW[k.element_size()]
+    kc, vc, ki, vi = k_cache.view(iv), v_cache.view(iv), k.view(iv), v.view(iv)
+    block_d = triton.next_power_of_2(D)
+    block_h = max(1, min(triton.next_power_of_2(hkv), TILE_ELEMS // block_d))
+    _kv_write_kernel[(T,)](
+        ki, vi, kc, vc, loc, k_cache.shape[0],
+        ki.stride(0), ki.stride(1), vi.stride(0), vi.stride(1),
+        kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
+        HKV=hkv, D=D, BLOCK_H=block_h, BLOCK_D=block_d, **launch_opts(WARPS),
+    )
+    return None

@@ -1,0 +1,201 @@
+"""Token log-prob (and entropy) of ``log_softmax(logits.float() / T)`` gathered at the sampled token.
+
+The one op that the SGLang sampler patch and the trainer both call. For a row x of V logits::
+
+    inv = div_rn(1, T)                               # fp32, once per row
+    s   = float(x) * inv                             # (x / T up to one rounding)
+    for each chunk c of LOGPROB_VOCAB_CHUNK columns (absolute vocab index, fixed by V only):
+        m_c = max(s), l_c = sum exp(s - m_c), a_c = sum exp(s - m_c) * (s - m_c)
+    (M, L, A) = _merge over c = 0, 1, ..., left to right
+    lse  = M + log(L);  logp = s[token] - lse;  entropy = log(L) - A / L
+
+Token invariance: the chunk partials are computed by one program per (row, chunk) with a fixed tile
+(LOGPROB_VOCAB_CHUNK columns, LOGPROB_CHUNK_WARPS warps) and merged per row by an elementwise loop,
+the same for every number of rows; the forward never changes with ``return_entropy`` or autograd
+(the entropy and lse are always computed). Row strides and counts are not specialized (``_rowops``).
+
+Backward w.r.t. the logits (p = exp(s - lse))::
+
+    dx_j = inv * (g_logp * ([j == token] - p_j) - g_ent * p_j * (s_j - lse + entropy))
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import contract as C
+from ._rowops import aligned, fresh_copy, interpreting, launch_opts, to_act, vec_for
+
+KNOBS = {
+    "coupled": {"LOGPROB_VOCAB_CHUNK": C.LOGPROB_VOCAB_CHUNK, "LOGPROB_CHUNK_WARPS": C.LOGPROB_CHUNK_WARPS},
+    "free": {"MERGE_ROWS": (32, 64, 128, 256), "BWD_WARPS": (4, 8)},
+}
+MERGE_ROWS = 128
+BWD_WARPS = 4
+
+
+@triton.jit
+def _inv_temperature(TEMP, row, row_ok, temp_scalar, PER_ROW_T: tl.constexpr):
+    if PER_ROW_T:
+        t = tl.load(TEMP + row, mask=row_ok, other=1.0).to(tl.float32)
+    else:
+        t = temp_scalar + tl.zeros_like(row).to(tl.float32)
+    return tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
+
+
+@triton.jit(do_not_specialize=["n_rows", "sx"])
+def _logprob_partial_kernel(
+    X, TEMP, WS, n_rows, sx, temp_scalar,
+    V: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
+    PER_ROW_T: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    inv = _inv_temperature(TEMP, row + tl.zeros((1,), tl.int32), True, temp_scalar, PER_ROW_T)
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    ok = cols < V
+    x = tl.load(X + row.to(tl.int64) * (sx * VEC) + cols, mask=ok, other=float("-inf"))
+    s = x.to(tl.float32) * inv
+    m = tl.max(s, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    e = tl.exp(s - m_safe)
+    l = tl.sum(e, 0)
+    a = tl.sum(e * tl.where(e > 0.0, s - m_safe, 0.0), 0)
+    base = (row.to(tl.int64) * NC + c) * 4
+    tl.store(WS + base, m)
+    tl.store(WS + base + 1, l)
+    tl.store(WS + base + 2, a)
+
+
+@triton.jit
+def _merge(M, L, A, m_c, l_c, a_c):
+    """(M, L, A) <- (M, L, A) merged with chunk (m_c, l_c, a_c); A is relative to M. Elementwise."""
+    M_new = tl.maximum(M, m_c)
+    M_safe = tl.where(M_new == float("-inf"), 0.0, M_new)
+    alpha = tl.exp(M - M_safe)
+    beta = tl.exp(m_c - M_safe)
+    dM = tl.where(L > 0.0, M - M_safe, 0.0)      # 0 * -inf guards: an empty side adds nothing
+    dm = tl.where(l_c > 0.0, m_c - M_safe, 0.0)
+    A = alpha * (A + dM * L) + beta * (a_c + dm * l_c)
+    L = alpha * L + beta * l_c
+    return M_new, L, A
+
+
+@triton.jit(do_not_specialize=["n_rows", "sx"])
+def _logprob_merge_kernel(
+    X, TOK, TEMP, WS, LOGP, ENT, LSE, n_rows, sx, temp_scalar,
+    V: tl.constexpr, NC: tl.constexpr, VEC: tl.constexpr, BLOCK_R: tl.constexpr,
+    PER_ROW_T: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < n_rows
+    r64 = rows.to(tl.int64)
+    base = r64 * NC * 4
+    M = tl.load(WS + base, mask=ok, other=0.0)
+    L = tl.load(WS + base + 1, mask=ok, other=1.0)
+    A = tl.load(WS + base + 2, mask=ok, other=0.0)
+    for c in range(1, NC):
+        b = base + c * 4
+        m_c = tl.load(WS + b, mask=ok, other=0.0)
+        l_c = tl.load(WS + b + 1, mask=ok, other=1.0)
+        a_c = tl.load(WS + b + 2, mask=ok, other=0.0)
+        M, L, A = _merge(M, L, A, m_c, l_c, a_c)
+    log_l = tl.log(L)
+    lse = M + log_l
+    ent = log_l - A / L
+    inv = _inv_temperature(TEMP, rows, ok, temp_scalar, PER_ROW_T)
+    tok = tl.load(TOK + rows, mask=ok, other=0).to(tl.int64)
+    tok_ok = (tok >= 0) & (tok < V)
+    x_t = tl.load(X + r64 * (sx * VEC) + tok, mask=ok & tok_ok, other=0.0)
+    logp = tl.where(tok_ok, x_t.to(tl.float32) * inv - lse, float("nan"))
+    tl.store(LOGP + rows, logp, mask=ok)
+    tl.store(ENT + rows, ent, mask=ok)
+    tl.store(LSE + rows, lse, mask=ok)
+
+
+@triton.jit
+def _logprob_bwd_kernel(
+    X, TOK, TEMP, LSE, ENT, GLP, GENT, DX, sx, sdx, temp_scalar,
+    V: tl.constexpr, CHUNK: tl.constexpr, PER_ROW_T: tl.constexpr, HAS_GENT: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    inv = _inv_temperature(TEMP, row + tl.zeros((1,), tl.int32), True, temp_scalar, PER_ROW_T)
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    ok = cols < V
+    r64 = row.to(tl.int64)
+    x = tl.load(X + r64 * sx + cols, mask=ok, other=float("-inf"))
+    s = x.to(tl.float32) * inv
+    lse = tl.load(LSE + row)
+    tok = tl.load(TOK + row).to(tl.int64)
+    g = tl.load(GLP + row)
+    logp = s - lse
+    p = tl.exp(logp)
+    d = tl.where(cols == tok, g, 0.0) - g * p
+    if HAS_GENT:
+        ge = tl.load(GENT + row)
+        ent = tl.load(ENT + row)
+        d -= ge * p * tl.where(p > 0.0, logp + ent, 0.0)
+    tl.store(DX + r64 * sdx + cols, to_act(d * inv, DX.dtype.element_ty, INTERP), mask=ok)
+
+
+# ------------------------------------------------------------------------------------------------
+# Launchers (inputs validated by areal_tik_plugin.ops.logprob)
+# ------------------------------------------------------------------------------------------------
+def _temp_args(temperature, T, device):
+    if isinstance(temperature, torch.Tensor):
+        return temperature, 1.0, True
+    return torch.empty(1, dtype=torch.float32, device=device), float(temperature), False
+
+
+def forward(logits, tokens, temperature=1.0):
+    """logits [T, V] (last dim contiguous), tokens int [T], temperature float or fp32 tensor [T].
+
+    Returns (logp fp32 [T], entropy fp32 [T], lse fp32 [T]). A token outside [0, V) gives NaN.
+    """
+    T, V = logits.shape
+    dev = logits.device
+    logp = torch.empty(T, dtype=torch.float32, device=dev)
+    ent = torch.empty(T, dtype=torch.float32, device=dev)
+    lse = torch.empty(T, dtype=torch.float32, device=dev)
+    if T == 0:
+        return logp, ent, lse
+    vec = vec_for(V, logits.element_size())
+    x = logits
+    if not aligned(x, vec, (x.stride(0),)):
+        x = fresh_copy(x)
+    chunk = C.LOGPROB_VOCAB_CHUNK
+    nc = triton.cdiv(V, chunk)
+    ws = torch.empty((T, nc, 4), dtype=torch.float32, device=dev)
+    temp, t_scalar, per_row = _temp_args(temperature, T, dev)
+    sx = x.stride(0) // vec
+    _logprob_partial_kernel[(T, nc)](
+        x, temp, ws, T, sx, t_scalar, V=V, NC=nc, CHUNK=chunk, VEC=vec, PER_ROW_T=per_row,
+        **launch_opts(C.LOGPROB_CHUNK_WARPS),
+    )
+    _logprob_merge_kernel[(triton.cdiv(T, MERGE_ROWS),)](
+        x, tokens, temp, ws, logp, ent, lse, T, sx, t_scalar,
+        V=V, NC=nc, VEC=vec, BLOCK_R=MERGE_ROWS, PER_ROW_T=per_row, **launch_opts(4),
+    )
+    return logp, ent, lse
+
+
+def backward(logits, tokens, temperature, lse, entropy, grad_logp, grad_entropy=None):
+    """d logits [T, V] (logits dtype, contiguous) from the gradients of logp (and entropy)."""
+    T, V = logits.shape
+    dx = torch.empty((T, V), dtype=logits.dtype, device=logits.device)
+    if T == 0:
+        return dx
+    chunk = C.LOGPROB_VOCAB_CHUNK
+    temp, t_scalar, per_row = _temp_args(temperature, T, logits.device)
+    glp = grad_logp.to(torch.float32).contiguous() if grad_logp is not None else torch.zeros_like(lse)
+    gent = grad_entropy.to(torch.float32).contiguous() if grad_entropy is not None else glp
+    _logprob_bwd_kernel[(T, triton.cdiv(V, chunk))](
+        logits, tokens, temp, lse, entropy, glp, gent, dx, logits.stride(0), dx.stride(0), t_scalar,
+        V=V, CHUNK=chunk, PER_ROW_T=per_row, HAS_GENT=grad_entropy is not None, INTERP=interpreting(),
+        **launch_opts(BWD_WARPS),
+    )
+    return dx

@@ -1,0 +1,117 @@
+"""NeoX (rotate-half) rotary position embedding on Q and K from arbitrary per-token positions.
+
+Per token t with position p and rotary dim R = 2 * len(inv_freq) (R <= D; dims >= R pass through)::
+
+    f      = float32(p) * inv_freq[j]                      # j < R/2, one fp32 multiply (as HF)
+    c, s   = cos(f) * scaling, sin(f) * scaling            # fp32 (libdevice cosf/sinf on GPU)
+    out[j]       = x[j] * c - x[j + R/2] * s               # fp32, contraction off,
+    out[j + R/2] = x[j + R/2] * c + x[j] * s               # rounded once to the activation dtype
+
+This is HF's ``q * cos + rotate_half(q) * sin`` with cos/sin kept in fp32 (HF rounds cos, sin and each
+product to the activation dtype; we round once). The backward is the inverse rotation (s -> -s).
+
+Token invariance: purely elementwise given (token row, position), so no launch shape can change a bit.
+One program = one token x a block of heads; cos/sin are computed once per program (not per head).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._rowops import interpreting, launch_opts, to_act
+
+KNOBS = {"free": {"HEAD_ELEMS": (1024, 2048, 4096), "WARPS": (2, 4, 8)}}
+HEAD_ELEMS = 2048   # elements of one program's [BLOCK_HEADS, R/2] half-tile target
+WARPS = 4
+
+
+@triton.jit
+def _rotate_heads(X, O, t, h0, NH, sxt, sxh, c, s,
+                  HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr,
+                  D: tl.constexpr, PASS_BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    heads = h0 + tl.arange(0, BLOCK_HEADS)
+    j = tl.arange(0, BLOCK_HALF)
+    hmask = heads < NH
+    mask = hmask[:, None] & (j < HALF)[None, :]
+    xrow = X + t.to(tl.int64) * sxt + heads.to(tl.int64)[:, None] * sxh
+    orow = O + (t.to(tl.int64) * NH + heads.to(tl.int64))[:, None] * D
+    x1 = tl.load(xrow + j[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(xrow + HALF + j[None, :], mask=mask, other=0.0).to(tl.float32)
+    o1 = x1 * c[None, :] - x2 * s[None, :]
+    o2 = x2 * c[None, :] + x1 * s[None, :]
+    tl.store(orow + j[None, :], to_act(o1, O.dtype.element_ty, INTERP), mask=mask)
+    tl.store(orow + HALF + j[None, :], to_act(o2, O.dtype.element_ty, INTERP), mask=mask)
+    if PASS_BLOCK > 0:  # dims [2*HALF, D) pass through unchanged
+        pj = 2 * HALF + tl.arange(0, PASS_BLOCK)
+        pmask = hmask[:, None] & (pj < D)[None, :]
+        xp = tl.load(xrow + pj[None, :], mask=pmask, other=0.0)
+        tl.store(orow + pj[None, :], xp, mask=pmask)
+
+
+@triton.jit
+def _rope_kernel(
+    Q, K, QO, KO, POS, INV_FREQ,
+    sqt, sqh, skt, skh, scaling,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr, PASS_BLOCK: tl.constexpr,
+    BACKWARD: tl.constexpr, INTERP: tl.constexpr,
+):
+    t = tl.program_id(0)
+    hb = tl.program_id(1)
+    j = tl.arange(0, BLOCK_HALF)
+    pos = tl.load(POS + t).to(tl.float32)
+    inv = tl.load(INV_FREQ + j, mask=j < HALF, other=0.0)
+    f = pos * inv
+    c = tl.cos(f) * scaling
+    s = tl.sin(f) * scaling
+    if BACKWARD:
+        s = -s
+    NQB: tl.constexpr = (HQ + BLOCK_HEADS - 1) // BLOCK_HEADS
+    if hb < NQB:
+        _rotate_heads(Q, QO, t, hb * BLOCK_HEADS, HQ, sqt, sqh, c, s,
+                      HALF, BLOCK_HALF, BLOCK_HEADS, D, PASS_BLOCK, INTERP)
+    else:
+        _rotate_heads(K, KO, t, (hb - NQB) * BLOCK_HEADS, HKV, skt, skh, c, s,
+                      HALF, BLOCK_HALF, BLOCK_HEADS, D, PASS_BLOCK, INTERP)
+
+
+def _config(hq, hkv, half):
+    block_half = triton.next_power_of_2(half)
+    bh = max(1, min(triton.next_power_of_2(max(hq, hkv)), HEAD_ELEMS // block_half))
+    return block_half, bh
+
+
+def forward(q, k, positions, inv_freq, attention_scaling=1.0, backward=False):
+    """q [T, Hq, D], k [T, Hkv, D] or None (last dim contiguous), positions int [T], inv_freq fp32
+    [R/2]. Returns (q_out, k_out) contiguous (k_out None when k is None). ``backward=True`` applies
+    the inverse rotation (the gradient of the forward)."""
+    import torch
+
+    T, hq, D = q.shape
+    half = inv_freq.numel()
+    q_out = torch.empty((T, hq, D), dtype=q.dtype, device=q.device)
+    if k is None:
+        k_arg, hkv, skt, skh, k_out = q, 0, 0, 0, None
+    else:
+        hkv = k.shape[1]
+        k_out = torch.empty((T, hkv, D), dtype=k.dtype, device=k.device)
+        k_arg, skt, skh = k, k.stride(0), k.stride(1)
+    if T == 0:
+        return q_out, k_out
+    block_half, bh = _config(hq, hkv, half)
+    pass_block = triton.next_power_of_2(D - 2 * half) if D > 2 * half else 0
+    nblocks = triton.cdiv(hq, bh) + (triton.cdiv(hkv, bh) if hkv else 0)
+    _rope_kernel[(T, nblocks)](
+        q, k_arg, q_out, k_out if k_out is not None else q_out, positions, inv_freq,
+        q.stride(0), q.stride(1), skt, skh, float(attention_scaling),
+        HQ=hq, HKV=hkv, D=D, HALF=half, BLOCK_HALF=block_half, BLOCK_HEADS=bh,
+        PASS_BLOCK=pass_block, BACKWARD=bool(backward), INTERP=interpreting(),
+        **launch_opts(WARPS),
+    )
+    return q_out, k_out
+
+
+def backward(dq_out, dk_out, positions, inv_freq, attention_scaling=1.0):
+    """Gradients w.r.t. q and k: the inverse rotation of the output gradients."""
+    return forward(dq_out, dk_out, positions, inv_freq, attention_scaling, backward=True)

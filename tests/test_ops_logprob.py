@@ -1,0 +1,166 @@
+"""Token log-prob / entropy: CPU tests (interpreter). Bitwise invariance between our paths (batch
+size, order, strides, per-row vs scalar temperature, with/without entropy or autograd); accuracy
+and gradients against fp64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from areal_tik_plugin import ops
+from areal_tik_plugin.loader import get_implementation
+
+from ._rowops_testutil import assert_bitwise, assert_close, rand
+
+# fp32 arithmetic over the vocab (chunked tree sums, fp32 exp/log): absolute error in nats
+TOL = {"logp": (3e-5, 1e-5), "entropy": (3e-5, 1e-5)}
+TOL_GRAD = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+def ref(logits, tokens, temperature=1.0):
+    t = temperature.double()[:, None] if isinstance(temperature, torch.Tensor) else temperature
+    ls = torch.log_softmax(logits.double() / t, -1)
+    logp = ls.gather(-1, tokens.long()[..., None])[..., 0]
+    p = ls.exp()
+    ent = -(p * torch.where(p > 0, ls, torch.zeros_like(ls))).sum(-1)
+    return logp, ent
+
+
+def make(T, V, dtype=torch.bfloat16, seed=0, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    return rand(T, V, dtype=dtype, scale=scale, seed=seed), torch.randint(0, V, (T,), generator=g)
+
+
+def test_chunk_constant():
+    C = get_implementation().contract
+    assert C.LOGPROB_VOCAB_CHUNK == 4096  # the shapes below cover 1 chunk, 3 chunks and 38 chunks
+
+
+# ---- accuracy -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("T,V,temp", [(1, 1000, 1.0), (17, 10000, 0.7), (3, 151936, 1.3)])
+def test_accuracy(dtype, T, V, temp):
+    x, tok = make(T, V, dtype, seed=T)
+    logp, ent = ops.token_logprobs(x, tok, temp, return_entropy=True)
+    assert logp.dtype == ent.dtype == torch.float32 and logp.shape == (T,)
+    rl, re = ref(x, tok, temp)
+    assert_close(logp, rl, *TOL["logp"], "logp")
+    assert_close(ent, re, *TOL["entropy"], "entropy")
+
+
+def test_accuracy_peaked_and_masked_rows():
+    T, V = 5, 9000
+    x, tok = make(T, V, torch.float32, seed=1)
+    x[0, 123] = 60.0            # nearly one-hot row
+    x[1, 4096:8192] = -float("inf")  # a whole masked chunk (grammar/vocab mask)
+    x[2, ::2] = -float("inf")
+    tok[1], tok[2] = 5, 1
+    logp, ent = ops.token_logprobs(x, tok, 1.0, return_entropy=True)
+    rl, re = ref(x, tok)
+    assert_close(logp, rl, *TOL["logp"], "logp")
+    assert_close(ent, re, *TOL["entropy"], "entropy")
+
+
+def test_per_row_temperature_accuracy():
+    x, tok = make(17, 5000, seed=2)
+    temps = torch.linspace(0.5, 1.5, 17)
+    assert_close(ops.token_logprobs(x, tok, temps), ref(x, tok, temps)[0], *TOL["logp"], "per-row T")
+
+
+# ---- bitwise invariance -------------------------------------------------------------------------
+@pytest.mark.parametrize("V", [1000, 10000])
+def test_rows_invariant(V):
+    T = 33
+    x, tok = make(T, V, seed=V)
+    logp, ent = ops.token_logprobs(x, tok, 0.7, return_entropy=True)
+    for i in (0, 16, 32):  # decode-sized calls (SGLang sampler: one row per request)
+        a, b = ops.token_logprobs(x[i:i + 1], tok[i:i + 1], 0.7, return_entropy=True)
+        assert_bitwise(a, logp[i:i + 1], f"row {i} alone")
+        assert_bitwise(b, ent[i:i + 1], f"row {i} entropy alone")
+    perm = torch.randperm(T, generator=torch.Generator().manual_seed(0))[:17]
+    assert_bitwise(ops.token_logprobs(x[perm], tok[perm], 0.7), logp[perm], "shuffled 17 rows")
+    padded = torch.zeros(T, V + 64, dtype=x.dtype)
+    padded[:, :V] = x
+    assert_bitwise(ops.token_logprobs(padded[:, :V], tok, 0.7), logp, "padded-vocab view")
+    assert_bitwise(ops.token_logprobs(x[1::2], tok[1::2], 0.7), logp[1::2], "strided rows")
+    assert_bitwise(ops.token_logprobs(x[:32].view(4, 8, V), tok[:32].view(4, 8), 0.7).view(-1), logp[:32],
+                   "leading dims")
+    assert_bitwise(ops.token_logprobs(x, tok, 0.7), logp, "without entropy")
+
+
+def test_tensor_temperature_equals_float():
+    """The sampler passes per-request temperatures as a tensor, the trainer a float: same bits."""
+    x, tok = make(17, 5000, seed=3)
+    for t in (1.0, 0.7, 1.3):
+        assert_bitwise(ops.token_logprobs(x, tok, torch.full((17,), t)), ops.token_logprobs(x, tok, t), f"T={t}")
+    temps = torch.tensor([0.7, 1.0, 1.3] * 5 + [0.7, 1.0])
+    mixed = ops.token_logprobs(x, tok, temps)
+    for i in (0, 1, 2, 16):
+        assert_bitwise(mixed[i:i + 1], ops.token_logprobs(x[i:i + 1], tok[i:i + 1], float(temps[i])), f"row {i}")
+
+
+def test_autograd_forward_equals_inference_forward():
+    x, tok = make(17, 10000, seed=4)
+    logp, ent = ops.token_logprobs(x, tok, 0.9, return_entropy=True)
+    lg, eg = ops.token_logprobs(x.clone().requires_grad_(), tok, 0.9, return_entropy=True)
+    assert_bitwise(lg.detach(), logp, "logp with autograd")
+    assert_bitwise(eg.detach(), ent, "entropy with autograd")
+
+
+# ---- gradients ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_grad(dtype, with_entropy):
+    T, V, temp = 5, 10000, 0.8
+    x, tok = make(T, V, dtype, seed=5)
+    x.requires_grad_()
+    g1 = torch.randn(T, generator=torch.Generator().manual_seed(6))
+    g2 = torch.randn(T, generator=torch.Generator().manual_seed(7))
+    x64 = x.detach().double().requires_grad_()
+    if with_entropy:
+        logp, ent = ops.token_logprobs(x, tok, temp, return_entropy=True)
+        (logp * g1).sum().add((ent * g2).sum()).backward()
+        rl, re = ref(x64, tok, temp)
+        (rl * g1.double()).sum().add((re * g2.double()).sum()).backward()
+    else:
+        (ops.token_logprobs(x, tok, temp) * g1).sum().backward()
+        (ref(x64, tok, temp)[0] * g1.double()).sum().backward()
+    assert x.grad.dtype == dtype
+    rel = float((x.grad.double() - x64.grad).norm() / x64.grad.norm())
+    assert rel < TOL_GRAD[dtype], rel
+
+
+# ---- errors --------------------------------------------------------------------------------------
+def test_bad_inputs():
+    x, tok = make(4, 100)
+    with pytest.raises(TypeError):
+        ops.token_logprobs(x.tolist(), tok)
+    with pytest.raises(ValueError, match="tokens"):
+        ops.token_logprobs(x, tok[:3])
+    with pytest.raises(ValueError, match="tokens"):
+        ops.token_logprobs(x, tok.float())
+    with pytest.raises(ValueError, match="tokens"):
+        ops.token_logprobs(x, torch.tensor([0, 1, 2, 100]))
+    with pytest.raises(ValueError, match="tokens"):
+        ops.token_logprobs(x, torch.tensor([0, -1, 2, 3]))
+    with pytest.raises(ValueError, match="temperature"):
+        ops.token_logprobs(x, tok, 0.0)
+    with pytest.raises(TypeError, match="temperature"):
+        ops.token_logprobs(x, tok, "1.0")
+    with pytest.raises(ValueError, match="temperature"):
+        ops.token_logprobs(x, tok, torch.ones(3))
+    with pytest.raises(ValueError, match="temperature"):
+        ops.token_logprobs(x, tok, torch.ones(4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="temperature"):
+        ops.token_logprobs(x, tok, torch.tensor([1.0, 0.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match="logits"):
+        ops.token_logprobs(x.to(torch.int32), tok)
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.token_logprobs(rand(100, 4).t(), tok)
+    with pytest.raises(TypeError, match="return_entropy"):
+        ops.token_logprobs(x, tok, 1.0, return_entropy=1)
+
+
+def test_empty():
+    out = ops.token_logprobs(torch.empty(0, 100, dtype=torch.bfloat16), torch.empty(0, dtype=torch.int64))
+    assert out.shape == (0,)
