@@ -182,34 +182,14 @@ def qk_norm_hook(original, q, k, q_norm, k_norm, head_dim, alt_stream=None, allo
     return qo.view(q.shape), ko.view(k.shape)
 
 
-def _temperature_groups(temps):
-    """Row indices grouped by temperature value (host list, one entry per distinct value)."""
-    groups = collections.OrderedDict()
-    for i, t in enumerate(temps):
-        groups.setdefault(float(t), []).append(i)
-    return groups
-
-
 def token_logprobs_rows(logits, tokens, temperatures):
     """``log_softmax(logits[i] / T_i)[tokens[i]]`` in fp32 through ``ops.token_logprobs``.
 
-    ``temperatures``: a float, or one value per row (rows are grouped by value; the op is row
-    invariant, so grouping does not change a row's bits).
+    ``temperatures``: a float, or an fp32 tensor with one value per row (the op divides row i by
+    T_i exactly as it divides by a float T: the trainer's float and the sampler's per-row value agree
+    bit for bit).
     """
-    import torch
-
-    ops = _ops()
-    if isinstance(temperatures, (int, float)):
-        return ops.token_logprobs(logits, tokens, temperature=float(temperatures))
-    temps = temperatures.reshape(-1).tolist() if isinstance(temperatures, torch.Tensor) else list(temperatures)
-    groups = _temperature_groups(temps)
-    if len(groups) == 1:
-        return ops.token_logprobs(logits, tokens, temperature=next(iter(groups)))
-    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-    for t, rows in groups.items():
-        idx = torch.tensor(rows, device=logits.device)
-        out[idx] = ops.token_logprobs(logits.index_select(0, idx).contiguous(), tokens.index_select(0, idx), temperature=t)
-    return out
+    return _ops().token_logprobs(logits.contiguous(), tokens, temperature=temperatures)
 
 
 def sampler_forward_hook(original, self, logits_output, sampling_info, return_logprob, *args, **kwargs):
@@ -217,13 +197,15 @@ def sampler_forward_hook(original, self, logits_output, sampling_info, return_lo
         ids = original(self, logits_output, sampling_info, return_logprob, *args, **kwargs)
         _maybe_dump_stats()
         return ids
+    import torch
+
     logits = logits_output.next_token_logits
     saved = logits.clone()  # SGLang divides / softmaxes the logits in place
     ids = original(self, logits_output, sampling_info, return_logprob, *args, **kwargs)
     if sampling_info.is_all_greedy:
         temps = 1.0
-    else:
-        temps = sampling_info.temperatures
+    else:  # per-row fp32 [B] (greedy rows carry 1.0, as in SGLang's own greedy log-prob)
+        temps = sampling_info.temperatures.reshape(-1).to(torch.float32).contiguous()
     COUNTS["token_logprobs"] += 1
     logits_output.next_token_logprobs = token_logprobs_rows(saved, ids.to(saved.device), temps)
     _maybe_dump_stats()
