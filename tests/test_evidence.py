@@ -1,0 +1,38 @@
+"""No kernel change lands without GPU evidence: the implementation selected for the H200 (sm_90) must
+have committed evidence for its *current* source hash, with every contract check passing, for every op
+its manifest declares."""
+
+from areal_tik_plugin import evidence, loader
+
+
+def test_manifest_hash_matches_sources():
+    for name in loader.list_implementations():
+        path = loader.resolve_path(name)
+        man = loader.read_manifest(path)
+        assert man["source_hash"] == loader.compute_source_hash(path), (
+            f"{name}: manifest hash is stale; kernels changed without `tik kernels rehash` + GPU evidence")
+
+
+def test_selected_implementation_has_passing_gpu_evidence():
+    impl = loader.load_implementation(loader.resolve_path(loader.selected_name("sm_90")))
+    s = evidence.summary(impl)
+    missing = [op for op, v in s["ops"].items() if not v["evidence_matches_hash"]]
+    failing = {op: v["checks_failed"] for op, v in s["ops"].items() if v["checks_failed"]}
+    empty = [op for op, v in s["ops"].items() if v["evidence_matches_hash"] and v["checks_passed"] == 0]
+    assert not missing, f"no GPU evidence for source hash {impl.source_hash[:12]} of ops {missing}"
+    assert not failing, f"GPU contract checks failing: {failing}"
+    assert not empty, f"evidence without any passing check for {empty}"
+
+
+def test_loader_refuses_edited_implementation(tmp_path):
+    import shutil
+
+    import pytest
+
+    src = loader.resolve_path(loader.selected_name("cpu"))
+    dst = tmp_path / "edited"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(dst / "contract.py", "a") as f:
+        f.write("\n# edited\n")
+    with pytest.raises(loader.ImplementationError, match="does not match"):
+        loader.load_implementation(str(dst))
