@@ -1,0 +1,84 @@
+"""Tiny random Qwen3 / Qwen3-MoE checkpoints with a byte-level tokenizer and a chat template.
+
+AReaL's RLVR workflow applies the tokenizer's chat template and decodes completions for the
+reward, so the tokenizer must cover any text (byte-level BPE with no merges: 256 byte tokens +
+3 specials) and carry a Qwen-style template. Used by the AReaL end-to-end tests and the
+``cpu-tiny`` recipe model group::
+
+    python -m areal_tik_plugin.integrations.areal.tiny OUT_DIR [qwen3|qwen3_moe]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer(path: str):
+    """Byte-level BPE without merges (every byte is a token) + specials, saved under ``path``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIALS))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
+    return fast
+
+
+def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: int = 263, hidden_size: int = 64,
+                num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
+                intermediate_size: int = 88, num_experts: int = 5, top_k: int = 2, moe_intermediate_size: int = 24,
+                dtype: str = "float32", init_std: float = 0.1) -> str:
+    """Write a random ``kind`` ("qwen3" or "qwen3_moe") checkpoint + tokenizer to ``path``."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
+
+    os.makedirs(path, exist_ok=True)
+    tok = build_tokenizer(path)
+    if len(tok) > vocab_size:
+        raise ValueError(f"vocab_size: expected >= {len(tok)}, got {vocab_size}")
+    common = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+                  num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim,
+                  max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                  bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                  initializer_range=init_std, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                  torch_dtype=dtype)
+    if kind == "qwen3":
+        cfg = Qwen3Config(intermediate_size=intermediate_size, **common)
+    elif kind == "qwen3_moe":
+        cfg = Qwen3MoeConfig(intermediate_size=intermediate_size, moe_intermediate_size=moe_intermediate_size,
+                             num_experts=num_experts, num_experts_per_tok=top_k, norm_topk_prob=True,
+                             decoder_sparse_step=1, mlp_only_layers=[], **common)
+    else:
+        raise ValueError(f"kind: expected 'qwen3' or 'qwen3_moe', got {kind!r}")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    with torch.no_grad():  # norms away from 1 so that their weights matter
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    model.save_pretrained(path)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}, f)
+    return path
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        print(__doc__)
+        sys.exit(2)
+    print(build_model(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "qwen3"))

@@ -1,0 +1,159 @@
+"""Run an existing AReaL entry script with the plugin: the one documented change.
+
+Single-controller mode (AReaL starts workers and SGLang)::
+
+    python -m areal_tik_plugin.run examples/math/gsm8k_rl.py --config my.yaml scheduler.type=local [tik.*=...]
+
+SPMD mode, servers started by the plugin (``--spmd``: SGLang with the plugin, then torchrun)::
+
+    python -m areal_tik_plugin.run --spmd examples/math/gsm8k_rl.py --config my.yaml [tik.*=...]
+
+SPMD mode under your own torchrun, SGLang servers given in ``AREAL_LLM_SERVER_ADDRS``::
+
+    AREAL_SPMD_MODE=1 torchrun ... -m areal_tik_plugin.run examples/math/gsm8k_rl.py --config my.yaml
+
+``tik.*`` overrides (see :class:`areal_tik_plugin.integrations.areal.config.TikConfig`) are taken
+off the command line before AReaL sees it; ``tik.enable=false`` runs stock AReaL with the plugin's
+throughput / stats logging (the baseline of ``tik compare``). The entry script is not modified:
+its ``load_expr_config`` returns the config with the plan applied (recompute off etc.).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def _install_config_hook(tik) -> None:
+    import areal.api.cli_args as CA
+
+    from areal_tik_plugin.integrations.areal import config as C
+    from areal_tik_plugin.integrations.areal import hooks as H
+
+    orig = CA.load_expr_config
+
+    def load_expr_config(argv, config_cls):
+        cfg, path = orig(argv, config_cls)
+        p = C.plan(cfg, tik)
+        C.apply(cfg, p, tik)
+        print(p.describe(), flush=True)
+        from areal.utils.environ import is_single_controller
+
+        if not is_single_controller():
+            H.install_worker(tik, p)  # SPMD: this process holds the engines
+        H.install_controller(tik, p, {"entry": sys.argv[0]})
+        if os.getenv("RANK", "0") == "0":
+            from areal.utils.stats_logger import StatsLogger
+
+            CA.save_config(cfg, StatsLogger.get_log_path(cfg.stats_logger))
+        return cfg, path
+
+    CA.load_expr_config = load_expr_config
+    H.replace_everywhere(orig, load_expr_config)
+
+
+def run_entry(entry: list[str], tik) -> None:
+    """Run ``entry`` (``script.py args...`` or ``-m module args...``) in this process."""
+    from areal_tik_plugin.integrations.areal import ENV_VAR
+
+    os.environ[ENV_VAR] = tik.to_env()  # children (torchrun ranks, AReaL workers) inherit it
+    _install_config_hook(tik)
+    if entry[0] == "-m":
+        sys.argv = [entry[1], *entry[2:]]
+        runpy.run_module(entry[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(entry)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(entry[0])))
+        runpy.run_path(entry[0], run_name="__main__")
+
+
+def launch_spmd(entry: list[str], tik, nproc: int | None, port: int | None, log_dir: str | None) -> int:
+    """Start SGLang (plugin per ``tik``) for the config, then torchrun this module on ``entry``."""
+    import socket
+    import subprocess
+
+    from areal.api.cli_args import GRPOConfig, parse_cli_args, to_structured_cfg
+    from omegaconf import OmegaConf
+
+    from areal_tik_plugin.integrations.areal import ENV_VAR
+    from areal_tik_plugin.integrations.areal import config as C
+    from areal_tik_plugin.integrations.areal import sglang_cmd as S
+
+    args = entry[1:] if entry[0] != "-m" else entry[2:]
+    cfg = OmegaConf.to_object(to_structured_cfg(parse_cli_args(args)[0], GRPOConfig))
+    p = C.plan(cfg, tik)
+    C.apply(cfg, p, tik)
+    _, rdims = C.parse_backend(cfg.rollout.backend)
+    _, adims = C.parse_backend(cfg.actor.backend)
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    servers, addrs = [], []
+    try:
+        for i in range(rdims.get("d", 1)):
+            sp = port + i if port else free_port()
+            sargs = S.server_args_from_areal(cfg, tp_size=rdims.get("t", 1), host="127.0.0.1", port=sp)
+            log = os.path.join(log_dir, f"sglang_{i}.log") if log_dir else None
+            servers.append(S.start_server(sargs, tik, log_path=log))
+            addrs.append(f"127.0.0.1:{sp}")
+        env = dict(os.environ, AREAL_SPMD_MODE="1", AREAL_LLM_SERVER_ADDRS=",".join(addrs))
+        env[ENV_VAR] = tik.to_env()
+        n = nproc or adims.get("d", 1) * adims.get("p", 1) * adims.get("t", 1)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "areal_tik_plugin.run",
+               *entry, *[f"tik.{k}={v}" for k, v in _tik_overrides(tik).items()]]
+        return subprocess.call(cmd, env=env)
+    finally:
+        for s in servers:
+            S.stop_server(s)
+
+
+def _tik_overrides(tik) -> dict:
+    import dataclasses
+    import json
+
+    return {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v).lower() if isinstance(v, bool) else v
+            for k, v in dataclasses.asdict(tik).items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from areal_tik_plugin.integrations.areal.config import TikConfig, split_tik_overrides
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    spmd, nproc, port, log_dir = False, None, None, None
+    while argv and argv[0].startswith("--") and argv[0] != "--config":
+        flag = argv.pop(0)
+        if flag == "--spmd":
+            spmd = True
+        elif flag == "--nproc":
+            nproc = int(argv.pop(0))
+        elif flag == "--sglang-port":
+            port = int(argv.pop(0))
+        elif flag == "--log-dir":
+            log_dir = argv.pop(0)
+        else:
+            print(f"unknown option {flag}\n{__doc__}", file=sys.stderr)
+            return 2
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    tik_ov, entry = split_tik_overrides(argv)
+    tik = TikConfig.from_overrides(tik_ov)
+    from areal_tik_plugin.integrations.areal.env import cpu_stub_paths
+
+    for pth in cpu_stub_paths():  # CPU test machines only (real packages absent)
+        if pth not in sys.path:
+            sys.path.insert(0, pth)
+            os.environ["PYTHONPATH"] = os.pathsep.join([pth, *[x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]])
+    if spmd:
+        return launch_spmd(entry, tik, nproc, port, log_dir)
+    run_entry(entry, tik)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
