@@ -21,10 +21,15 @@ import sys
 from typing import Any
 
 
+_OPENED: list = []
+
+
 def _open(path: str, lock: bool = True):
     from areal_tik_plugin.search.state import Run
 
-    return Run.open(path, lock=lock)
+    run = Run.open(path, lock=lock)
+    _OPENED.append(run)
+    return run
 
 
 def _print(obj: Any) -> None:
@@ -62,7 +67,7 @@ def cmd_run(args) -> int:
 
     opts = {"time_budget_s": args.time_budget_s, "max_steps": args.max_steps}
     if os.path.isfile(os.path.join(args.run_dir, "run.json")):
-        run = Run.open(args.run_dir)
+        run = _open(args.run_dir)
         if args.spec and S.load(args.spec)["name"] != run.spec["name"]:
             print(f"{args.run_dir} is a run of spec {run.spec['name']!r}, not {args.spec!r}", file=sys.stderr)
             return 2
@@ -74,6 +79,7 @@ def cmd_run(args) -> int:
             return 2
         run = Run.create(args.run_dir, args.spec, args.impl, quick=args.quick,
                          options={k: v for k, v in opts.items() if v is not None})
+        _OPENED.append(run)
     kw: dict[str, Any] = {}
     if args.driver == "llm":
         from areal_tik_plugin.search.drivers.llm import ChatClient
@@ -103,6 +109,7 @@ def cmd_init(args) -> int:
     run = Run.create(args.run_dir, args.spec, args.impl, quick=args.quick,
                      options={k: v for k, v in {"time_budget_s": args.time_budget_s, "max_steps": args.max_steps}.items()
                               if v is not None})
+    _OPENED.append(run)
     try:
         audit = run.initialize(_evaluator(args), progress=None)
     except RootInvalid as e:
@@ -302,6 +309,9 @@ def _safe(fn):
         except (RunError, CorruptRun, SpecError, EditError, SchemaError, RecordConflict, ImplementationError) as e:
             print(f"tik search: {type(e).__name__}: {e}", file=sys.stderr)
             return 2
+        finally:  # release run-directory locks (matters when called in-process, e.g. from tests)
+            while _OPENED:
+                _OPENED.pop().close()
 
     return wrapped
 

@@ -216,6 +216,14 @@ def discover_knobs(files: dict[str, str], knob_key: str = "gpu", modules: list[s
             lit = _literal(contract_assigns["COUPLED"].value)
             if isinstance(lit, dict):
                 coupled_choices = {k: tuple(v) for k, v in lit.items()}
+        for node in ctree.body:  # COUPLED.update({...}) sections
+            if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                    and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "update"
+                    and isinstance(node.value.func.value, ast.Name) and node.value.func.value.id == "COUPLED"
+                    and node.value.args):
+                lit = _literal(node.value.args[0])
+                if isinstance(lit, dict):
+                    coupled_choices.update({k: tuple(v) for k, v in lit.items()})
     knobs: dict[str, Knob] = {}
     for rel in sorted(files):
         if not rel.endswith(".py") or (modules is not None and rel not in modules):

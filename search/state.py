@@ -184,6 +184,14 @@ class Run:
         self = _inherit or cls(root)
         if lock and self._lock_fd is None:
             self._acquire_lock()
+        try:
+            return self._load(lock)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, lock: bool) -> "Run":
+        root = self.root
         self.meta = ir.read_json(self.path("run.json"))
         if self.meta.get("schema") != RUN_SCHEMA:
             raise CorruptRun(f"{root}/run.json: schema {self.meta.get('schema')!r}, expected {RUN_SCHEMA!r}")
