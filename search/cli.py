@@ -65,6 +65,17 @@ def cmd_run(args) -> int:
     from areal_tik_plugin.search.drivers import get_driver
     from areal_tik_plugin.search.state import Run, RootInvalid
 
+    kw: dict[str, Any] = {}
+    if args.driver == "llm":
+        from areal_tik_plugin.search.drivers.llm import ChatClient, LLMError
+
+        try:
+            kw["client"] = ChatClient(base_url=args.llm_base_url, model=args.llm_model)
+        except LLMError as e:
+            print(f"tik search: {e}", file=sys.stderr)
+            return 2
+        kw["max_edit_retries"] = args.llm_retries
+    driver = get_driver(args.driver, **kw)
     opts = {"time_budget_s": args.time_budget_s, "max_steps": args.max_steps}
     if os.path.isfile(os.path.join(args.run_dir, "run.json")):
         run = _open(args.run_dir)
@@ -80,13 +91,6 @@ def cmd_run(args) -> int:
         run = Run.create(args.run_dir, args.spec, args.impl, quick=args.quick,
                          options={k: v for k, v in opts.items() if v is not None})
         _OPENED.append(run)
-    kw: dict[str, Any] = {}
-    if args.driver == "llm":
-        from areal_tik_plugin.search.drivers.llm import ChatClient
-
-        kw["client"] = ChatClient(base_url=args.llm_base_url, model=args.llm_model)
-        kw["max_edit_retries"] = args.llm_retries
-    driver = get_driver(args.driver, **kw)
     try:
         summary = engine.run_search(run, driver, _evaluator(args), _progress(args), max_new_steps=args.max_new_steps)
     except RootInvalid as e:
@@ -95,6 +99,13 @@ def cmd_run(args) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted; resume with the same command (run dir {run.root})", file=sys.stderr)
         return 130
+    except Exception as e:
+        from areal_tik_plugin.search.drivers.llm import LLMError
+
+        if isinstance(e, LLMError):
+            print(f"tik search: {e}; the run can be resumed", file=sys.stderr)
+            return 1
+        raise
     if args.report:
         from areal_tik_plugin.search.report import write_report
 
@@ -135,7 +146,7 @@ def cmd_next(args, run=None) -> int:
                            "best_objective_us": st.best_objective_us, "kappa": st.kappa,
                            "kappa_max": run.limits()["kappa_max"]}
     if ph == "init":
-        out["do"] = f"tik search init ... (or `tik search run`): the root has not been audited"
+        out["do"] = "tik search init ... (or `tik search run`): the root has not been audited"
     elif ph == "decide":
         step = st.open_step or 0
         au = run.audits[ir.make_id("audit", step)]

@@ -29,16 +29,24 @@ def _speedup(root_T, T):
 
 
 def write_report(run, out: str | None = None) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out = out or run.path("report")
     os.makedirs(out, exist_ok=True)
-    st = run.state()
     root_T = run.audits["E0000"].objective_us if "E0000" in run.audits else None
     files: dict[str, str] = {}
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        plt = None
+    if plt is not None:
+        _plots(run, out, files, plt, root_T)
+    return _markdown(run, out, files, root_T, plots=plt is not None)
+
+
+def _plots(run, out, files, plt, root_T) -> None:
+    st = run.state()
 
     # ---- speedup vs step ----------------------------------------------------------------------------
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -80,7 +88,11 @@ def write_report(run, out: str | None = None) -> str:
     files["graph"] = os.path.join(out, "graph.png")
     _draw_graph(run, files["graph"], plt)
 
-    # ---- markdown -----------------------------------------------------------------------------------
+
+
+def _markdown(run, out, files, root_T, plots: bool) -> str:
+    st = run.state()
+    hs = st.history
     lines = [f"# Search report: `{os.path.basename(run.root)}`", ""]
     best = st.best
     sp = _speedup(root_T, st.best_objective_us)
@@ -99,28 +111,33 @@ def write_report(run, out: str | None = None) -> str:
     ]
     env = (run.spec.get("baseline") or {}).get("env") or {}
     if env:
-        lines.append(f"- environment: " + ", ".join(f"{k}={env.get(k)}" for k in
+        lines.append("- environment: " + ", ".join(f"{k}={env.get(k)}" for k in
                                                      ("gpu", "driver", "cuda", "torch", "triton", "cpu_model")
                                                      if env.get(k)))
     counts: dict[str, int] = {}
     for h in hs[1:]:
         counts[h["status"]] = counts.get(h["status"], 0) + 1
     lines += ["", "Statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), ""]
-    lines += ["![speedup](speedup.png)", ""]
-    if "tokens" in files:
-        lines += ["![tokens](tokens.png)", ""]
-    lines += ["![derivation graph](graph.png)", ""]
+    if plots:
+        lines += ["![speedup](speedup.png)", ""]
+        if "tokens" in files:
+            lines += ["![tokens](tokens.png)", ""]
+        lines += ["![derivation graph](graph.png)", ""]
+    else:
+        lines += ["(plots skipped: matplotlib is not installed here; run `tik search report` where it is)", ""]
 
     lines += ["## Steps", "", "| step | action | parents -> offspring | opportunity | status | T us | speedup | "
-              "promoted | decision |", "|---|---|---|---|---|---|---|---|---|"]
+              "over limit | promoted | decision |", "|---|---|---|---|---|---|---|---|---|---|"]
     for h in hs[1:]:
         s = h["step"]
         a = run.actions.get(ir.make_id("action", s))
         d = run.decisions.get(ir.make_id("decision", s))
         mech = run.opps[a.opportunity].mechanism.replace("|", "/")[:80] if a else ""
+        au = run.audits.get(ir.make_id("audit", s))
+        over = ", ".join(au.limit_violations[:3]) if au else ""
         lines.append(f"| {s} | {a.id if a else ''} | {','.join(a.parents) if a else ''} -> {h['implementation']} | "
                      f"{mech} | {h['status']} | {_f1(h['objective_us'])} | "
-                     f"{(_speedup(root_T, h['objective_us']) or 0):.3f} | {'yes' if h.get('promoted') else ''} | "
+                     f"{(_speedup(root_T, h['objective_us']) or 0):.3f} | {over} | {'yes' if h.get('promoted') else ''} | "
                      f"{d.decision if d else ''} |")
     if best and root_T:
         ab = run.audits[ir.make_id("audit", ir.id_number(best))]
