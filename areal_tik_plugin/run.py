@@ -25,16 +25,49 @@ import runpy
 import sys
 
 
-def _install_config_hook(tik) -> None:
+_CTX: dict = {"cli": [], "sections": {}}
+
+
+def _install_section_hook() -> None:
+    """AReaL rejects unknown top-level keys: take the ``tik:``/``recipe:`` sections off the composed
+    config before it is merged into AReaL's dataclass (``to_structured_cfg``)."""
     import areal.api.cli_args as CA
 
     from areal_tik_plugin.integrations.areal import config as C
+
+    if getattr(CA.to_structured_cfg, "_tik", False):
+        return
+    orig = CA.to_structured_cfg
+
+    def to_structured_cfg(cfg, config_cls):
+        if hasattr(cfg, "keys") and config_cls is not None and "actor" in getattr(config_cls, "__dataclass_fields__", {}):
+            _CTX["sections"].update(C.strip_plugin_sections(cfg))
+        return orig(cfg, config_cls)
+
+    to_structured_cfg._tik = True
+    CA.to_structured_cfg = to_structured_cfg
+
+
+def resolved_tik():
+    from areal_tik_plugin.integrations.areal.config import TikConfig, check_section
+
+    return TikConfig.from_overrides(_CTX["cli"], check_section(_CTX["sections"].get("tik") or {}))
+
+
+def _install_config_hook() -> None:
+    import areal.api.cli_args as CA
+
+    from areal_tik_plugin.integrations.areal import ENV_VAR
+    from areal_tik_plugin.integrations.areal import config as C
     from areal_tik_plugin.integrations.areal import hooks as H
 
+    _install_section_hook()
     orig = CA.load_expr_config
 
     def load_expr_config(argv, config_cls):
         cfg, path = orig(argv, config_cls)
+        tik = resolved_tik()
+        os.environ[ENV_VAR] = tik.to_env()
         p = C.plan(cfg, tik)
         C.apply(cfg, p, tik)
         print(p.describe(), flush=True)
@@ -42,7 +75,7 @@ def _install_config_hook(tik) -> None:
 
         if not is_single_controller():
             H.install_worker(tik, p)  # SPMD: this process holds the engines
-        H.install_controller(tik, p, {"entry": sys.argv[0]})
+        H.install_controller(tik, p, {"entry": sys.argv[0], "recipe": _CTX["sections"].get("recipe")})
         if os.getenv("RANK", "0") == "0":
             from areal.utils.stats_logger import StatsLogger
 
@@ -53,12 +86,9 @@ def _install_config_hook(tik) -> None:
     H.replace_everywhere(orig, load_expr_config)
 
 
-def run_entry(entry: list[str], tik) -> None:
+def run_entry(entry: list[str]) -> None:
     """Run ``entry`` (``script.py args...`` or ``-m module args...``) in this process."""
-    from areal_tik_plugin.integrations.areal import ENV_VAR
-
-    os.environ[ENV_VAR] = tik.to_env()  # children (torchrun ranks, AReaL workers) inherit it
-    _install_config_hook(tik)
+    _install_config_hook()
     if entry[0] == "-m":
         sys.argv = [entry[1], *entry[2:]]
         runpy.run_module(entry[1], run_name="__main__", alter_sys=True)
@@ -68,20 +98,24 @@ def run_entry(entry: list[str], tik) -> None:
         runpy.run_path(entry[0], run_name="__main__")
 
 
-def launch_spmd(entry: list[str], tik, nproc: int | None, port: int | None, log_dir: str | None) -> int:
+def launch_spmd(entry: list[str], nproc: int | None, port: int | None, log_dir: str | None) -> int:
     """Start SGLang (plugin per ``tik``) for the config, then torchrun this module on ``entry``."""
     import socket
     import subprocess
 
-    from areal.api.cli_args import GRPOConfig, parse_cli_args, to_structured_cfg
+    from areal.api.cli_args import GRPOConfig, parse_cli_args
     from omegaconf import OmegaConf
 
     from areal_tik_plugin.integrations.areal import ENV_VAR
     from areal_tik_plugin.integrations.areal import config as C
     from areal_tik_plugin.integrations.areal import sglang_cmd as S
 
+    _install_section_hook()
     args = entry[1:] if entry[0] != "-m" else entry[2:]
-    cfg = OmegaConf.to_object(to_structured_cfg(parse_cli_args(args)[0], GRPOConfig))
+    import areal.api.cli_args as CA
+
+    cfg = OmegaConf.to_object(CA.to_structured_cfg(parse_cli_args(args)[0], GRPOConfig))
+    tik = resolved_tik()
     p = C.plan(cfg, tik)
     C.apply(cfg, p, tik)
     _, rdims = C.parse_backend(cfg.rollout.backend)
@@ -105,19 +139,11 @@ def launch_spmd(entry: list[str], tik, nproc: int | None, port: int | None, log_
         n = nproc or adims.get("d", 1) * adims.get("p", 1) * adims.get("t", 1)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "areal_tik_plugin.run",
-               *entry, *[f"tik.{k}={v}" for k, v in _tik_overrides(tik).items()]]
+               *entry, *_CTX["cli"]]
         return subprocess.call(cmd, env=env)
     finally:
         for s in servers:
             S.stop_server(s)
-
-
-def _tik_overrides(tik) -> dict:
-    import dataclasses
-    import json
-
-    return {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v).lower() if isinstance(v, bool) else v
-            for k, v in dataclasses.asdict(tik).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,8 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
+    import torch
+
+    if not torch.cuda.is_available():  # CPU: Triton kernels under the interpreter (before triton imports)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     tik_ov, entry = split_tik_overrides(argv)
-    tik = TikConfig.from_overrides(tik_ov)
+    TikConfig.from_overrides(tik_ov)  # fail fast on a bad override
+    _CTX["cli"] = tik_ov
     from areal_tik_plugin.integrations.areal.env import cpu_stub_paths
 
     for pth in cpu_stub_paths():  # CPU test machines only (real packages absent)
@@ -150,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.path.insert(0, pth)
             os.environ["PYTHONPATH"] = os.pathsep.join([pth, *[x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]])
     if spmd:
-        return launch_spmd(entry, tik, nproc, port, log_dir)
-    run_entry(entry, tik)
+        return launch_spmd(entry, nproc, port, log_dir)
+    run_entry(entry)
     return 0
 
 

@@ -104,21 +104,63 @@ class TikConfig:
         return cls(**json.loads(raw))
 
     @classmethod
-    def from_overrides(cls, overrides: list[str]) -> "TikConfig":
-        """``["tik.enable=true", "+tik.monitor_every=1", ...]`` -> TikConfig (unknown keys raise)."""
-        import yaml
+    def from_overrides(cls, overrides: list[str], base: dict | None = None) -> "TikConfig":
+        """``["tik.enable=true", "+tik.monitor_every=1", ...]`` over ``base`` (a YAML ``tik:``
+        section) -> TikConfig; unknown keys raise."""
+        return cls(**{**(base or {}), **parse_overrides(overrides)})
 
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw: dict[str, Any] = {}
-        for ov in overrides:
-            key, sep, val = ov.lstrip("+").partition("=")
-            if not sep or not key.startswith("tik."):
-                raise TikConfigError(f"expected a tik.<name>=<value> override, got {ov!r}")
-            name = key[4:].replace(".", "_")
-            if name not in names:
-                raise TikConfigError(f"unknown tik option {key!r}; known: {sorted(names)}")
-            kw[name] = yaml.safe_load(val) if val != "" else ""
-        return cls(**kw)
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    import yaml
+
+    names = {f.name for f in dataclasses.fields(TikConfig)}
+    kw: dict[str, Any] = {}
+    for ov in overrides:
+        key, sep, val = ov.lstrip("+").partition("=")
+        if not sep or not key.startswith("tik."):
+            raise TikConfigError(f"expected a tik.<name>=<value> override, got {ov!r}")
+        name = key[4:].replace(".", "_")
+        if name not in names:
+            raise TikConfigError(f"unknown tik option {key!r}; known: {sorted(names)}")
+        kw[name] = yaml.safe_load(val) if val != "" else ""
+    return kw
+
+
+def check_section(section: dict) -> dict:
+    """Validate a YAML ``tik:`` section (flattened ``a.b`` -> ``a_b``)."""
+    names = {f.name for f in dataclasses.fields(TikConfig)}
+    out = {}
+    for k, v in (section or {}).items():
+        if isinstance(v, dict) and k not in ("sglang_extra_args",):
+            for k2, v2 in v.items():
+                out[f"{k}_{k2}"] = v2
+        else:
+            out[k] = v
+    bad = sorted(set(out) - names)
+    if bad:
+        raise TikConfigError(f"unknown tik option(s) {bad} in the config's tik section; known: {sorted(names)}")
+    return out
+
+
+# top-level config sections only the plugin reads; removed before AReaL validates the config
+PLUGIN_SECTIONS = ("tik", "recipe")
+
+
+def strip_plugin_sections(cfg) -> dict:
+    """Resolve interpolations, then remove the plugin's sections from an OmegaConf config."""
+    from omegaconf import OmegaConf, open_dict
+
+    found = {}
+    if not any(k in cfg for k in PLUGIN_SECTIONS):
+        return found
+    OmegaConf.resolve(cfg)
+    with open_dict(cfg):
+        for k in PLUGIN_SECTIONS:
+            if k in cfg:
+                node = cfg[k]
+                found[k] = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+                del cfg[k]
+    return found
 
 
 def split_tik_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -299,8 +341,8 @@ def apply(cfg, p: Plan, tik: TikConfig) -> None:
     for spec in iter_scheduling_specs(cfg):
         spec.env_vars = dict(spec.env_vars or {})
         spec.env_vars[ENV_VAR] = env
-        if tik.enable:
-            spec.cmd = worker_cmd(spec.cmd)
+        # also for baseline runs: the SGLang command for the installed SGLang + the observing monitor
+        spec.cmd = worker_cmd(spec.cmd)
 
 
 def iter_scheduling_specs(cfg):

@@ -84,6 +84,8 @@ def build_command(server_args: dict, tik: TikConfig, python: str | None = None) 
     module = "sglang.launch_server" if has_plugin_system() else "areal_tik_plugin.integrations.sglang_launch"
     cmd = [python or sys.executable, "-m", module, *to_flags(args), *tik.sglang_extra_args]
     env = os.environ.copy()
+    if device == "cpu":  # the Triton kernels run under the interpreter; set before triton imports
+        env.setdefault("TRITON_INTERPRET", "1")
     if dropped:
         print(f"[tik] SGLang: dropped arguments unknown to the installed version: {dropped}", flush=True)
     return cmd, env
