@@ -507,7 +507,7 @@ class Run:
         base = (self.spec.get("baseline") or {}).get("env") or {}
         keys = ("gpu", "sm", "driver", "cuda", "torch", "triton", "cpu_model")
         diff = {k: (base.get(k), res["env"].get(k)) for k in keys if base.get(k) != res["env"].get(k)}
-        if base and diff and res["status"] != "infra_error":
+        if base and res["status"] == "ok" and (diff or not res["env"]):
             res = dict(res)
             res["status"] = "infra_error"
             res["error"] = f"environment differs from the root measurement {diff}; latencies are not comparable"

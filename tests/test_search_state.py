@@ -370,3 +370,21 @@ def test_kappa_max_stops_the_search(tmp_path):
     assert s["steps"] == 2 and s["kappa"] == 2 and "kappa" in s["stopped"]["reason"]
     assert s["best"] == "I0000"
     _check_invariants(run)
+
+
+def test_changed_environment_is_an_infra_error(tmp_path):
+    run = _run(tmp_path, max_steps=5)
+    run.initialize(FakeEvaluator())
+    KnobsDriver().initial_decision(run)
+    opp = next(o for o in run.state().pending if run.opps[o].details["knob_moves"] == {"ROW_BLOCK": 4})
+    files = run.files_of("I0000")
+    run.record_action(opportunity=opp, parents=["I0000"], kind="full_sequence",
+                      edits=[E.knob_edit(files, run.knobs_of("I0000")["ROW_BLOCK"], 4)])
+
+    class Moved(FakeEvaluator):
+        def evaluate(self, run, iid, progress=None):
+            return dict(super().evaluate(run, iid, progress), env={"cpu_model": "another machine"})
+
+    au = run.audit(Moved())
+    assert au.status == "infra_error" and "environment" in au.error
+    assert not au.promoted and au.latencies_us == {} and au.kappa_after == 1
