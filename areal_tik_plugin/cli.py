@@ -11,6 +11,7 @@ import sys
 # name -> module with register(subparsers); add a line when a subcommand lands.
 SUBCOMMAND_MODULES = [
     "areal_tik_plugin.cli",  # evidence, kernels (below)
+    "areal_tik_plugin.compare",  # compare: tik vs baseline AReaL runs -> report + plots
     "areal_tik_plugin.search.cli",  # search (kernel search: IR, evaluator, drivers)
     "areal_tik_plugin.verify",  # verify: Constraint (1) for a whole model
 ]

@@ -1,8 +1,7 @@
 """Tiny random Qwen3 / Qwen3-MoE checkpoints with a byte-level tokenizer and a chat template.
 
 AReaL's RLVR workflow applies the tokenizer's chat template and decodes completions for the
-reward, so the tokenizer must cover any text (byte-level BPE with no merges: 256 byte tokens +
-3 specials) and carry a Qwen-style template. Used by the AReaL end-to-end tests and the
+reward, so the tokenizer must cover any text (byte-level BPE) and carry a Qwen-style template. Used by the AReaL end-to-end tests and the
 ``cpu-tiny`` recipe model group::
 
     python -m areal_tik_plugin.integrations.areal.tiny OUT_DIR [qwen3|qwen3_moe]
@@ -21,16 +20,27 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(path: str):
-    """Byte-level BPE without merges (every byte is a token) + specials, saved under ``path``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+# a fixed corpus for the merges: GSM8K-style words, digits, the chat template's words
+_CORPUS = (
+    "user assistant system Please put your final answer within boxed . How many does have now ? "
+    "buys bags with in each bag earns dollars per hour and works hours then spends are left "
+    "A box holds They shared equally among friends get each friend apples pencils stickers marbles "
+    "cookies books shells stamps The hold Left #### = + - * / 0 1 2 3 4 5 6 7 8 9 10 12 20 100 "
+)
+
+
+def build_tokenizer(path: str, vocab_size: int = 384):
+    """Byte-level BPE (any text encodes) with ~130 merges learnt from a fixed GSM8K-style corpus, so
+    prompts are short (interpreted Triton kernels on CPU pay per token), + specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {ch: i for i, ch in enumerate(alphabet)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIALS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     tok.add_special_tokens(list(SPECIALS))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    bos_token=None, unk_token=None)
@@ -39,7 +49,7 @@ def build_tokenizer(path: str):
     return fast
 
 
-def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: int = 263, hidden_size: int = 64,
+def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: int = 389, hidden_size: int = 64,
                 num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
                 intermediate_size: int = 88, num_experts: int = 5, top_k: int = 2, moe_intermediate_size: int = 24,
                 dtype: str = "float32", init_std: float = 0.1) -> str:
