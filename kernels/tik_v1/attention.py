@@ -34,8 +34,8 @@ from . import contract as C
 LOG2E = 1.4426950408889634
 
 # Free knobs (may differ per path; bits do not depend on them).
-PREFILL_BLOCK_M = {"gpu": 128, "cpu": 32}
-PREFILL_WARPS = 8
+PREFILL_BLOCK_M = {"gpu": 64, "cpu": 32}  # GPU sweep (run 2): 64 x 4 warps fastest at split 512
+PREFILL_WARPS = 4
 PREFILL_STAGES = 2
 PREFILL_SCRATCH_ACC = False  # keep the merged accumulator in an fp32 scratch between splits (GPU)
 DECODE_WARPS = 4
@@ -124,12 +124,10 @@ def _kv_offsets(pos, valid, row, table_ptr, table_stride, seq_base, h_kv, stride
 # Full-sequence / extend forward (one program = BLOCK_M query rows of one head of one sequence)
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_tiles(M, L, ACC, m_i, l_i, acc, q, q_abs, lo, hi_t, hi, K, V, row, table, table_stride, seq_base, h_kv,
-               stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, ones, ws_ptr, ws_mask,
-               D: tl.constexpr, TILE: tl.constexpr, SPLIT: tl.constexpr, KV_LAYOUT: tl.constexpr,
-               PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, SCRATCH_ACC: tl.constexpr):
-    """Tiles [lo, hi_t) in one flat (pipelined) loop; at every absolute split boundary the split's
-    partial state is merged into (M, L, ACC) and reset -- the same merge decode does across programs."""
+def _fwd_tiles(m_i, l_i, acc, q, q_abs, lo, hi_t, hi, K, V, row, table, table_stride, seq_base, h_kv,
+               stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, ones,
+               D: tl.constexpr, TILE: tl.constexpr, KV_LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
+               MASKED: tl.constexpr):
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, TILE)
     for start_n in range(lo, hi_t, TILE):
@@ -151,26 +149,7 @@ def _fwd_tiles(M, L, ACC, m_i, l_i, acc, q, q_abs, lo, hi_t, hi, K, V, row, tabl
             v = tl.load(V + voff[:, None] + offs_d[None, :])
             mask = k_ok[None, :]
         m_i, l_i, acc = _online_step(m_i, l_i, acc, q, k, v, mask, qk_scale, ones, MASKED)
-        if (start_n + TILE) % SPLIT == 0:
-            M, L, ACC = _merge_split(M, L, ACC, m_i, l_i, acc, ws_ptr, ws_mask, SCRATCH_ACC)
-            m_i = tl.full(m_i.shape, float("-inf"), tl.float32)
-            l_i = tl.zeros(l_i.shape, tl.float32)
-            acc = tl.zeros(acc.shape, tl.float32)
-    return M, L, ACC, m_i, l_i, acc
-
-
-@triton.jit
-def _merge_split(M, L, ACC, m_i, l_i, acc, ws_ptr, ws_mask, SCRATCH_ACC: tl.constexpr):
-    if SCRATCH_ACC:
-        # the merged accumulator waits in an fp32 scratch row between splits (exact), so only one
-        # [BLOCK_M, D] accumulator stays live in registers through the tile loop
-        prev = tl.load(ws_ptr, mask=ws_mask, other=0.0)
-        M, L, merged = _merge(M, L, prev, m_i, l_i, acc)
-        tl.store(ws_ptr, merged, mask=ws_mask)
-        tl.debug_barrier()
-    else:
-        M, L, ACC = _merge(M, L, ACC, m_i, l_i, acc)
-    return M, L, ACC
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -215,27 +194,33 @@ def _attn_fwd_kernel(
     M = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     L = tl.zeros((BLOCK_M,), tl.float32)
     ACC = tl.zeros((BLOCK_M, D), tl.float32)
-    if SCRATCH_ACC:
-        tl.store(ws_ptr, ACC, mask=row_ok[:, None])
-        tl.debug_barrier()
-    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
     hi = pos0 + tl.minimum(start_m + BLOCK_M, q_len)  # exclusive end of keys any row here needs
-    # keys < mid are visible to every row of this block (no mask needed)
-    mid = tl.minimum(((pos0 + start_m + 1) // TILE) * TILE, hi)
-    ws_mask = row_ok[:, None]
-    M, L, ACC, m_i, l_i, acc = _fwd_tiles(
-        M, L, ACC, m_i, l_i, acc, q, q_abs, 0, mid, hi, K, V, row, table, table_stride, seq_base, h_kv,
-        stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, ones, ws_ptr, ws_mask,
-        D, TILE, SPLIT, KV_LAYOUT, PAGE_SIZE, False, SCRATCH_ACC)
-    M, L, ACC, m_i, l_i, acc = _fwd_tiles(
-        M, L, ACC, m_i, l_i, acc, q, q_abs, mid, hi, hi, K, V, row, table, table_stride, seq_base, h_kv,
-        stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, ones, ws_ptr, ws_mask,
-        D, TILE, SPLIT, KV_LAYOUT, PAGE_SIZE, True, SCRATCH_ACC)
-    # the last (partial) split; when the last tile ended on a split boundary this merges the reset
-    # state (-inf, 0, 0), which is an exact no-op (a = 1, b = 0)
-    M, L, ACC = _merge_split(M, L, ACC, m_i, l_i, acc, ws_ptr, ws_mask, SCRATCH_ACC)
+    # keys < full_end are visible to every row of this block (no mask needed)
+    full_end = ((pos0 + start_m + 1) // TILE) * TILE
+    n_splits = tl.cdiv(hi, SPLIT)
+    for s in range(0, n_splits):
+        lo_s = s * SPLIT
+        hi_s = tl.minimum(lo_s + SPLIT, hi)
+        mid = tl.maximum(lo_s, tl.minimum(hi_s, full_end))
+        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l_i = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, D), tl.float32)
+        m_i, l_i, acc = _fwd_tiles(m_i, l_i, acc, q, q_abs, lo_s, mid, hi, K, V, row, table, table_stride,
+                                   seq_base, h_kv, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, ones,
+                                   D, TILE, KV_LAYOUT, PAGE_SIZE, False)
+        m_i, l_i, acc = _fwd_tiles(m_i, l_i, acc, q, q_abs, mid, hi_s, hi, K, V, row, table, table_stride,
+                                   seq_base, h_kv, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, ones,
+                                   D, TILE, KV_LAYOUT, PAGE_SIZE, True)
+        if SCRATCH_ACC:
+            # the merged accumulator waits in an fp32 scratch row between splits (exact), so only
+            # one [BLOCK_M, D] accumulator is live in registers during the tile loop
+            prev = tl.load(ws_ptr, mask=(row_ok[:, None]) & (s > 0), other=0.0)
+            M, L, merged = _merge(M, L, prev, m_i, l_i, acc)
+            tl.store(ws_ptr, merged, mask=row_ok[:, None])
+            tl.debug_barrier()
+        else:
+            M, L, ACC = _merge(M, L, ACC, m_i, l_i, acc)
+
     if SCRATCH_ACC:
         ACC = tl.load(ws_ptr, mask=row_ok[:, None], other=0.0)
     out = ACC / L[:, None]
