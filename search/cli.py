@@ -311,13 +311,15 @@ def _safe(fn):
     def wrapped(args) -> int:
         from areal_tik_plugin.loader import ImplementationError
         from areal_tik_plugin.search.edits import EditError
+        from areal_tik_plugin.search.evaluator import BindingError
         from areal_tik_plugin.search.ir import RecordConflict, SchemaError
         from areal_tik_plugin.search.spec import SpecError
         from areal_tik_plugin.search.state import CorruptRun, RunError
 
         try:
             return fn(args)
-        except (RunError, CorruptRun, SpecError, EditError, SchemaError, RecordConflict, ImplementationError) as e:
+        except (RunError, CorruptRun, SpecError, EditError, SchemaError, RecordConflict, ImplementationError,
+                BindingError) as e:
             print(f"tik search: {type(e).__name__}: {e}", file=sys.stderr)
             return 2
         finally:  # release run-directory locks (matters when called in-process, e.g. from tests)

@@ -30,6 +30,11 @@ from areal_tik_plugin.search import spec as S
 STATUS_FROM_STAGE_CRASH = {"start": "infra_error", "compile": "compile_error"}
 
 
+class BindingError(RuntimeError):
+    """The evaluator or spec differs from the one bound to the run: no audit of this run is comparable
+    any more (start a new run). Raised before evaluating, so nothing is recorded and kappa is untouched."""
+
+
 def evaluator_files(spec: dict[str, Any]) -> list[str]:
     import areal_tik_plugin
     from areal_tik_plugin.search import runners
@@ -111,14 +116,17 @@ class Evaluator:
             return result("infra_error", "start", f"hash binding: {iid} sources ({hashes['candidate_before'][:12]}) "
                                                   f"differ from its record ({rec.source_hash[:12]})")
         if hashes["evaluator_before"] != hashes["evaluator_bound"]:
-            return result("infra_error", "start", "hash binding: the evaluator sources changed since the run was "
-                                                  "created; measurements would not be comparable (start a new run)")
+            raise BindingError(
+                f"the evaluator sources ({', '.join(os.path.basename(p) for p in evaluator_files(spec))}) changed "
+                f"since {run.root} was created ({hashes['evaluator_bound'][:12]} -> {hashes['evaluator_before'][:12]}); "
+                "its measurements would not be comparable: start a new run")
         if hashes["spec_before"] != hashes["spec_bound"]:
-            return result("infra_error", "start", "hash binding: spec criteria changed")
+            raise BindingError("the spec criteria changed since the run was created; start a new run")
 
         timeout = float(self.timeout_s or spec["evaluation"]["timeout_s"])
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONDONTWRITEBYTECODE"] = "1"  # keep implementation folders exactly as built
         if spec["target"]["device"] == "cpu":
             env.setdefault("TRITON_INTERPRET", "1")
             env.setdefault("OMP_NUM_THREADS", str(spec["evaluation"].get("cpu_threads", 1)))

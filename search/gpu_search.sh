@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call: install the project (offline, no deps), run the knob search on H200 attention, leave the
-# run directory under $OUT. Resumes when $OUT/$NAME already holds a run.
+# run directory under $OUT. Resumes when $OUT/$NAME already holds a run (or RESUME_FROM names one).
 #   bash search/gpu_search.sh [NAME] [TIME_BUDGET_S] [extra `tik search run` args, e.g. --max-steps 12]
 # The spec's root latencies are measured on this GPU at initialization (audit E0000).
 set -o pipefail
@@ -10,6 +10,10 @@ NAME=${1:-h200-knobs}
 BUDGET=${2:-420}
 shift 2 2>/dev/null || shift $#
 mkdir -p "$OUT"
+# resume a run brought back from an earlier call: RESUME_FROM=path/to/run (copied to $OUT/$NAME, made writable)
+if [ -n "$RESUME_FROM" ] && [ ! -e "$OUT/$NAME" ]; then
+  cp -r "$RESUME_FROM" "$OUT/$NAME" && chmod -R u+w "$OUT/$NAME" && rm -f "$OUT/$NAME/.lock"
+fi
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

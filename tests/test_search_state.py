@@ -388,3 +388,13 @@ def test_changed_environment_is_an_infra_error(tmp_path):
     au = run.audit(Moved())
     assert au.status == "infra_error" and "environment" in au.error
     assert not au.promoted and au.latencies_us == {} and au.kappa_after == 1
+
+
+def test_changed_evaluator_refuses_to_audit(tmp_path):
+    from areal_tik_plugin.search.evaluator import BindingError, Evaluator
+
+    run = _run(tmp_path, max_steps=5)
+    run.initialize(FakeEvaluator())
+    run.meta["evaluator_hash"] = "0" * 64  # as if worker/runner/bench/loader changed since creation
+    with pytest.raises(BindingError, match="start a new run"):
+        Evaluator().evaluate(run, "I0000")
