@@ -106,6 +106,29 @@ def build_model(name_or_path: str, *, layers: int | None = None, dtype=None, dev
 # ------------------------------------------------------------------------------------------------
 # rollout replay: prefill / extend / decode over a paged KV cache with the plugin's ops
 # ------------------------------------------------------------------------------------------------
+def layer_step(layer, h, positions, inv_freq, rope_scaling, k_cache, v_cache, loc, attend):
+    """One HF decoder layer on the rollout path: h [T, H] -> [T, H].
+
+    K/V of the T tokens are written at pool slots ``loc`` (``ops.kv_write``), then ``attend(q, scale)``
+    (extend or decode over the pool) gives the attention output [T, Hq, D]. Every other op is the one
+    the tik-patched HF forward runs, in the same order (residual adds in torch, as in HF).
+    """
+    from areal_tik_plugin import ops
+    from areal_tik_plugin.integrations import transformers as T
+
+    attn = layer.self_attn
+    n = h.shape[0]
+    residual = h
+    x = T.tik_rms_norm(h, layer.input_layernorm)
+    q, k, v = T.tik_qkv(attn, x, positions, inv_freq, rope_scaling)
+    ops.kv_write(k_cache, v_cache, loc, k, v)
+    o = attend(q, attn.scaling)
+    h = residual + T.tik_linear(o.reshape(n, -1), attn.o_proj)
+    residual = h
+    x = T.tik_rms_norm(h, layer.post_attention_layernorm)
+    return residual + T.tik_ffn(layer.mlp, x)
+
+
 class PagedRunner:
     """Replays rollout on a HF causal LM's weights with the unified ops and a paged KV cache.
 
@@ -165,24 +188,11 @@ class PagedRunner:
 
     # -- model ------------------------------------------------------------------------------
     def _forward(self, ids, positions, loc, attend):
-        from areal_tik_plugin import ops
-
-        T = self.T
         h = self.embed(ids)
-        n = ids.shape[0]
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            residual = h
-            x = T.tik_rms_norm(h, layer.input_layernorm)
-            q, k, v = T.tik_qkv(attn, x, positions, self.inv_freq, self.rope_scaling)
-            ops.kv_write(self.k[i], self.v[i], loc, k, v)
-            o = attend(i, q, attn.scaling)
-            h = residual + T.tik_linear(o.reshape(n, -1), attn.o_proj)
-            residual = h
-            x = T.tik_rms_norm(h, layer.post_attention_layernorm)
-            h = residual + T.tik_ffn(layer.mlp, x)
-        h = T.tik_rms_norm(h, self.norm)
-        return T.tik_linear(h, self.head)
+            h = layer_step(layer, h, positions, self.inv_freq, self.rope_scaling, self.k[i], self.v[i], loc,
+                           lambda q, scale, i=i: attend(i, q, scale))
+        return self.T.tik_linear(self.T.tik_rms_norm(h, self.norm), self.head)
 
     def extend(self, rows: list[int], tokens: list):
         """New tokens for ``rows`` after their cached prefix (prefill when the prefix is empty).
@@ -214,23 +224,25 @@ class PagedRunner:
             self.lens[r] += b
         return list(torch.split(logits, n))
 
-    def prefill(self, rows: list[int], prompts: list, chunk: int = 0):
-        """Prompts of ``rows`` into an empty cache, whole (``chunk=0``) or in chunks of ``chunk`` tokens."""
+    def prefill(self, rows: list[int], prompts: list, chunk: int = 0, max_tokens: int | None = None):
+        """Prompts of ``rows`` into an empty cache, whole (``chunk=0``) or in chunks of ``chunk`` tokens;
+        each extend call holds at most ``max_tokens`` tokens (at least one request)."""
         import torch
 
         for r in rows:
             if self.lens[r]:
                 raise ValueError(f"request row {r} is not empty")
-        if not chunk:
-            return self.extend(rows, prompts)
         out = [[] for _ in rows]
         longest = max(int(p.numel()) for p in prompts)
-        for s in range(0, longest, chunk):
+        step = chunk or longest
+        for s in range(0, longest, step):
             idx = [j for j, p in enumerate(prompts) if p.numel() > s]
-            res = self.extend([rows[j] for j in idx], [prompts[j][s:s + chunk] for j in idx])
-            for j, lg in zip(idx, res):
-                out[j].append(lg)
-        return [torch.cat(o) for o in out]
+            pieces = [prompts[j][s:s + step] for j in idx]
+            for grp in _packed_groups([int(p.numel()) for p in pieces], max_tokens or (1 << 62)):
+                res = self.extend([rows[idx[g]] for g in grp], [pieces[g] for g in grp])
+                for g, lg in zip(grp, res):
+                    out[idx[g]].append(lg)
+        return [o[0] if len(o) == 1 else torch.cat(o) for o in out]
 
     def decode(self, rows: list[int], tokens):
         """One token per row at its next position -> logits [len(rows), V]."""
@@ -244,9 +256,9 @@ class PagedRunner:
             self._ensure(r, a + 1)
         ids = torch.as_tensor(tokens, device=dev).reshape(-1)
         positions = torch.tensor(pos, device=dev)
-        loc = torch.cat([self._slots(r, a, a + 1) for r, a in zip(rows, pos)])
-        seq = torch.tensor([a + 1 for a in pos], dtype=torch.int32, device=dev)
         trows = torch.tensor(rows, dtype=torch.int32, device=dev)
+        loc = self.table[trows.long(), positions // self.P].to(torch.int64) * self.P + positions % self.P
+        seq = (positions + 1).to(torch.int32)
 
         def attend(i, q, scale):
             return ops.attention_decode(q, self.k[i], self.v[i], seq_lens=seq, kv_indices=self.table,
@@ -376,32 +388,37 @@ def _out_cache(out):
     return c if c is not None else getattr(out, "past_key_values", None)
 
 
-def stock_rollout_logits(model, prompts, responses, device, store):
-    """HF cached decode (DynamicCache), sequences with equal prompt length batched together."""
+def stock_rollout_logits(model, prompts, responses, device, store, max_tokens: int = 1 << 62):
+    """HF cached decode (DynamicCache): sequences with equal prompt length batched together (at most
+    ``max_tokens`` prompt tokens per batch), prefill then one token per step."""
     import torch
 
     kw = _cache_kw(model)
     by_len: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
         by_len.setdefault(int(p.numel()), []).append(i)
-    for P, idx in by_len.items():
-        out = model(input_ids=torch.stack([prompts[i] for i in idx]).to(device), use_cache=True)
-        cache = _out_cache(out)
-        for j, i in enumerate(idx):
-            store[i][:P] = out.logits[j]
-        R = max(int(responses[i].numel()) for i in idx)
-        for t in range(R):
-            tok = torch.tensor([[int(responses[i][t]) if t < responses[i].numel() else 0] for i in idx], device=device)
-            out = model(input_ids=tok, use_cache=True, **{kw: cache})
+    for P, same in by_len.items():
+        per = max(1, max_tokens // P)
+        for s in range(0, len(same), per):
+            idx = same[s:s + per]
+            out = model(input_ids=torch.stack([prompts[i] for i in idx]).to(device), use_cache=True)
             cache = _out_cache(out)
             for j, i in enumerate(idx):
-                if t < responses[i].numel():
-                    store[i][P + t] = out.logits[j, -1]
-        del cache, out
+                store[i][:P] = out.logits[j]
+            R = max(int(responses[i].numel()) for i in idx)
+            for t in range(R):
+                tok = torch.tensor([[int(responses[i][t]) if t < responses[i].numel() else 0] for i in idx],
+                                   device=device)
+                out = model(input_ids=tok, use_cache=True, **{kw: cache})
+                cache = _out_cache(out)
+                for j, i in enumerate(idx):
+                    if t < responses[i].numel():
+                        store[i][P + t] = out.logits[j, -1]
+            del cache, out
 
 
 def plugin_rollout_logits(model, prompts, responses, device, store, *, page_size, seed, chunk=0, greedy=False,
-                          rows=None):
+                          rows=None, max_tokens=None):
     """Rollout replay of ``rows`` (default all) in one batch: prefill, then decode step by step.
     With ``greedy`` the response tokens are replaced by the argmax of the runner's logits (a real
     greedy rollout)."""
@@ -411,7 +428,7 @@ def plugin_rollout_logits(model, prompts, responses, device, store, *, page_size
     ctx = max(int(prompts[i].numel() + responses[i].numel()) for i in rows)
     run = PagedRunner(model, max_requests=len(rows), max_context=ctx, page_size=page_size, seed=seed)
     slots = list(range(len(rows)))
-    first = run.prefill(slots, [prompts[i].to(device) for i in rows], chunk=chunk)
+    first = run.prefill(slots, [prompts[i].to(device) for i in rows], chunk=chunk, max_tokens=max_tokens)
     last = {}
     for s, i in zip(slots, rows):
         P = prompts[i].numel()
@@ -495,7 +512,7 @@ def run_verify(model_name: str = "tiny-qwen3", *, layers: int | None = None, bat
                prompt_len: str = "11..17", response_len: str = "5..9", prompt_file: str | None = None,
                device: str | None = None, dtype: str = "bfloat16", seed: int = 0, page_size: int = 16,
                single: int = 1, prefill_chunk: int = 0, greedy: bool = False, temperature: float = 1.0,
-               stock: bool = True, stock_attn: str = "sdpa", max_tokens_per_forward: int = 16384,
+               stock: bool = True, stock_attn: str = "sdpa", max_tokens_per_forward: int = 32768,
                progress=None) -> dict[str, Any]:
     """Run every check; returns the JSON-able report (see module docstring)."""
     from areal_tik_plugin import _interp
@@ -555,7 +572,7 @@ def run_verify(model_name: str = "tiny-qwen3", *, layers: int | None = None, bat
 
             def stock_main(c):
                 store = _alloc_store(lens, V, dt, sdev)
-                stock_rollout_logits(model, prompts, responses, dev, store)
+                stock_rollout_logits(model, prompts, responses, dev, store, max_tokens_per_forward)
                 for i in range(B):
                     seq = torch.cat([prompts[i], responses[i]])
                     full = model(input_ids=seq[None].to(dev), use_cache=False).logits[0]
@@ -573,7 +590,7 @@ def run_verify(model_name: str = "tiny-qwen3", *, layers: int | None = None, bat
 
         def rollout(c):
             plugin_rollout_logits(model, prompts, responses, dev, store, page_size=page_size, seed=seed,
-                                  chunk=prefill_chunk, greedy=greedy)
+                                  chunk=prefill_chunk, greedy=greedy, max_tokens=max_tokens_per_forward)
             rollout_ok[0] = True
 
         c_main = Check("plugin", "full-seq (packed) vs prefill+decode (paged KV)")
@@ -738,7 +755,8 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--stock-attn", default="sdpa", choices=["sdpa", "eager"])
     p.add_argument("--no-stock", action="store_true", help="skip the stock-path comparison")
-    p.add_argument("--max-tokens-per-forward", type=int, default=16384)
+    p.add_argument("--max-tokens-per-forward", type=int, default=32768,
+                   help="tokens per packed forward / prefill call / stock prefill batch (bounds logits memory)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     p.add_argument("--out", default=None, help="also write the JSON report to this file")
     p.set_defaults(func=_cmd_verify)

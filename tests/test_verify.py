@@ -109,3 +109,21 @@ def test_parse_lengths_and_cli_registration(capsys):
         cli.main(["--help"])
     assert "verify" in capsys.readouterr().out
     assert set(V.BUILTIN_MODELS) >= {"tiny-qwen3", "tiny-qwen3-moe", "qwen2.5-1.5b", "qwen3-4b", "qwen3-30b-a3b"}
+
+
+def test_layer_bench_runs_every_phase_on_cpu(monkeypatch):
+    """Smoke run of the GPU layer benchmark's code paths (tiny MoE layer, timing stubbed)."""
+    from areal_tik_plugin.gpu import layer_bench as LB
+
+    def fake_time(fn, *, graph, errors, tag):
+        fn()
+        return {"cold_us": 10.0, "graph_us": 5.0 if graph else None}
+
+    monkeypatch.setattr(LB, "_time", fake_time)
+    r = LB.bench_model("tiny-qwen3-moe", True, (3,), prompt=6, device="cpu", ctx_points=(1, 3))
+    assert r["errors"] == [], r["errors"]
+    row = r["results"][0]
+    assert row["ratio"] > 1.0 and row["baseline_us"]["recompute_fwd"] == 10.0
+    assert row["sanity_rel_l2_plugin_vs_baseline"] < 2e-2
+    assert [d["ctx"] for d in r["decode_steps"]] == [7, 9]
+    assert LB._decode_total({7: 1.0, 9: 3.0}, 3, 6) == 1.0 + 2.0 + 3.0

@@ -560,6 +560,29 @@ def _set_attn(model, name: str) -> None:
 # ------------------------------------------------------------------------------------------------
 # live model
 # ------------------------------------------------------------------------------------------------
+def _bind(root, model_type: str) -> int:
+    _, _, table = _family(model_type)
+    n = 0
+    for m in root.modules():
+        for cls, fn in table.items():
+            if isinstance(m, cls):
+                if "_tik_patched" not in m.__dict__:
+                    m.forward = types.MethodType(fn, m)
+                    m._tik_patched = True
+                n += 1
+                break
+    return n
+
+
+def apply_to_module(module, model_type: str):
+    """Patch the family's modules inside ``module`` (e.g. one decoder layer + a rotary embedding,
+    for layer-level benchmarks); no lm_head, no attention-name switch. Undo with :func:`revert`."""
+    require_ops(_ops_for(model_type))
+    if _bind(module, model_type) == 0:
+        raise ValueError(f"{type(module).__name__}: found no {model_type} modules to patch")
+    return module
+
+
 def apply_to_model(model):
     """Route every unified op of a live HF causal LM (Qwen2/Qwen3/Qwen3-MoE/Llama) through ours.
 
@@ -570,22 +593,12 @@ def apply_to_model(model):
     config = model.config
     check_config(config)
     require_ops(_ops_for(config.model_type))
-    _, _, table = _family(config.model_type)
-    n = 0
-    for m in model.modules():
-        for cls, fn in table.items():
-            if isinstance(m, cls):
-                if "_tik_patched" not in m.__dict__:
-                    m.forward = types.MethodType(fn, m)
-                    m._tik_patched = True
-                n += 1
-                break
+    if _bind(model, config.model_type) == 0:
+        raise ValueError(f"{type(model).__name__}: found no {config.model_type} modules to patch")
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and "_tik_patched" not in head.__dict__:
         head.forward = types.MethodType(_lm_head_forward, head)
         head._tik_patched = True
-    if n == 0:
-        raise ValueError(f"{type(model).__name__}: found no {config.model_type} modules to patch")
     if "_tik_prev_attn" not in model.__dict__:
         model._tik_prev_attn = getattr(config, "_attn_implementation", None)
     _set_attn(model, TIK_ATTENTION)
@@ -705,7 +718,7 @@ def revert_tik_kernels(model_type: str | None = None) -> None:
 
 __all__ = [
     "TIK_ATTENTION", "FAMILIES", "TikOpUnavailableError", "TikRotary",
-    "apply_to_model", "revert", "is_patched",
+    "apply_to_model", "apply_to_module", "revert", "is_patched",
     "apply_tik_kernels_to_qwen2", "apply_tik_kernels_to_qwen3", "apply_tik_kernels_to_qwen3_moe",
     "apply_tik_kernels_to_llama", "revert_tik_kernels",
     "register_attention", "replace_builtin_attention", "restore_builtin_attention", "tik_attention_function",
