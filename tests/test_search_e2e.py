@@ -54,7 +54,7 @@ def _alive(pid: int) -> bool:
 def test_knobs_cli_sigint_resume_report(tmp_path):
     d = os.path.join(str(tmp_path), "run")
     cmd = [sys.executable, "-m", "areal_tik_plugin.cli", "search", "run", "--driver", "knobs",
-           "--spec", toy_spec(tmp_path, kappa_max=10), "--impl", TOY, "--run-dir", d, "--max-steps", "3"]
+           "--spec", toy_spec(tmp_path, kappa_max=10), "--impl", TOY, "--run-dir", d, "--max-steps", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pid_file = os.path.join(d, "work", "I0001.pid")
     t0 = time.time()
@@ -77,8 +77,8 @@ def test_knobs_cli_sigint_resume_report(tmp_path):
     run = Run.open(d, lock=False)
     assert ir.to_json(run.actions["A0001"]) == a1  # the interrupted step continued, not redone
     st = run.state()
-    assert st.t == 3 and [h["step"] for h in st.history] == [0, 1, 2, 3]
-    assert all(run.audits[ir.make_id("audit", i)].status == "ok" for i in range(4))
+    assert st.t == 2 and [h["step"] for h in st.history] == [0, 1, 2]
+    assert all(run.audits[ir.make_id("audit", i)].status == "ok" for i in range(3))
     assert "step budget" in run.meta["stopped"]["reason"]
     rep = os.path.join(d, "report")
     for f in ("report.md", "speedup.png", "graph.png"):

@@ -119,7 +119,7 @@ def llm_spec(tmp_path):
         s = yaml.safe_load(f)
     s["max_slowdown"] = 3.0  # shared CI machine: wide limits; the scripted violation is far beyond
     s["workloads"][1]["weight"] = 4.0  # full_T96 dominates T
-    s["evaluation"]["timeout_s"] = 25
+    s["evaluation"]["timeout_s"] = 20
     s["search"].update(kappa_max=5, max_steps=20, time_budget_s=None)
     p = os.path.join(str(tmp_path), "spec.yaml")
     with open(p, "w") as f:
