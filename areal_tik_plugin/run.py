@@ -126,6 +126,12 @@ def launch_spmd(entry: list[str], nproc: int | None, port: int | None, log_dir: 
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
 
+    import signal
+
+    def _term(signum, frame):  # run the finally below (stop the servers) on SIGTERM too
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _term)
     servers, addrs = [], []
     try:
         for i in range(rdims.get("d", 1)):

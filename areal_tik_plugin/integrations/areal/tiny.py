@@ -26,10 +26,12 @@ _CORPUS = (
     "buys bags with in each bag earns dollars per hour and works hours then spends are left "
     "A box holds They shared equally among friends get each friend apples pencils stickers marbles "
     "cookies books shells stamps The hold Left #### = + - * / 0 1 2 3 4 5 6 7 8 9 10 12 20 100 "
+    "more gives away of Ana Ben Cleo Dev Emma Farid Gita Hugo Iris Jon Kai Lena Milo Nora Omar Pia "
+    "<|im_start|>user\n <|im_end|>\n <|im_start|>assistant\n \\boxed{}. "
 )
 
 
-def build_tokenizer(path: str, vocab_size: int = 384):
+def build_tokenizer(path: str, vocab_size: int = 512):
     """Byte-level BPE (any text encodes) with ~130 merges learnt from a fixed GSM8K-style corpus, so
     prompts are short (interpreted Triton kernels on CPU pay per token), + specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -40,7 +42,7 @@ def build_tokenizer(path: str, vocab_size: int = 384):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIALS), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
-    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tok.train_from_iterator([_CORPUS] * 8, trainer=trainer)
     tok.add_special_tokens(list(SPECIALS))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    bos_token=None, unk_token=None)
@@ -49,7 +51,7 @@ def build_tokenizer(path: str, vocab_size: int = 384):
     return fast
 
 
-def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: int = 389, hidden_size: int = 64,
+def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: int = 517, hidden_size: int = 64,
                 num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
                 intermediate_size: int = 88, num_experts: int = 5, top_k: int = 2, moe_intermediate_size: int = 24,
                 dtype: str = "float32", init_std: float = 0.1) -> str:

@@ -1,0 +1,159 @@
+"""Train-step time with vs without the recompute forward, on AReaL's own FSDP engine, no SGLang.
+
+Drives AReaL 1.0.4's ``FSDPPPOActor`` directly on synthetic rollout batches (GSM8K-like shapes:
+prompt 256 + response 1024 tokens by default) for a randomly initialised model of a given shape
+(default: Qwen2.5-1.5B's config), and times per step
+
+  recompute  = actor.compute_logp (the forward the plugin removes)
+  advantages = actor.compute_advantages
+  update     = actor.ppo_update (forward + backward + optimizer, packed micro-batches)
+
+so that ``step_with = recompute + advantages + update`` and ``step_without = advantages + update``.
+``--tik`` patches the policy model and AReaL's log-prob helpers with the plugin first (as
+``areal_tik_plugin.run`` does in every worker). Needs only AReaL's wheel (+ light deps) and
+torch; one or more GPUs:
+
+    torchrun --nproc-per-node 1 recipes/bench_recompute.py --out bench.json [--tik] [--batch 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+QWEN25_15B = dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                  num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                  max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                  tie_word_embeddings=True)
+
+
+def make_model(path: str, shape: dict, layers: int | None) -> str:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from areal_tik_plugin.integrations.areal.tiny import build_tokenizer
+
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    os.makedirs(path, exist_ok=True)
+    build_tokenizer(path)
+    kw = {k: v for k, v in shape.items() if k != "model_type"}
+    if layers:
+        kw["num_hidden_layers"] = layers
+    cfg = Qwen2Config(**kw, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    return path
+
+
+def synthetic_batch(n: int, prompt: int, response: int, vocab: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        r = response - int(torch.randint(0, response // 4, (1,), generator=g))  # ragged, like real rollouts
+        L = prompt + r
+        lp = torch.zeros(L)
+        lp[prompt:] = -torch.rand(r, generator=g) * 4
+        mask = torch.zeros(L, dtype=torch.int32)
+        mask[prompt:] = 1
+        out.append({
+            "input_ids": torch.randint(0, vocab, (1, L), generator=g, dtype=torch.int32),
+            "loss_mask": mask[None], "logprobs": lp[None], "versions": torch.zeros(1, L, dtype=torch.int32),
+            "attention_mask": torch.ones(1, L, dtype=torch.bool),
+            "rewards": torch.tensor([float(i % 2)]),
+        })
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "tik-qwen2.5-1.5b-shape"))
+    ap.add_argument("--layers", type=int, default=None, help="override the layer count (smoke tests)")
+    ap.add_argument("--batch", type=int, default=64, help="sequences per step (AReaL example: 256 x 4 / DP)")
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--response", type=int, default=1024)
+    ap.add_argument("--max-tokens-per-mb", type=int, default=10240)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--tik", action="store_true", help="patch the model and log-prob helpers with the plugin")
+    ap.add_argument("--attn-impl", default="sdpa")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+    from areal.api import FinetuneSpec
+    from areal.api.alloc_mode import ModelAllocation
+    from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, PPOActorConfig
+
+    rank = int(os.environ.get("RANK", "0"))
+    path = make_model(a.model_dir, QWEN25_15B, a.layers) if rank == 0 else a.model_dir
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.barrier()
+    if a.tik:
+        from areal_tik_plugin.integrations.areal.config import TikConfig
+        from areal_tik_plugin.integrations.areal.hooks import install_worker
+
+        install_worker(TikConfig(enable=True, monitor_every=0))
+    from areal.engine.fsdp_engine import FSDPPPOActor
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cfg = PPOActorConfig(experiment_name="bench", trial_name="recompute", path=path, dtype="bfloat16",
+                         attn_impl=a.attn_impl, gradient_checkpointing=True,
+                         mb_spec=MicroBatchSpec(max_tokens_per_mb=a.max_tokens_per_mb),
+                         optimizer=OptimizerConfig(lr=1.7e-5), recompute_logprob=True, use_decoupled_loss=False,
+                         temperature=1.0, eps_clip=0.4, ppo_n_minibatches=1, kl_ctl=0.0)
+    actor = FSDPPPOActor(config=cfg)
+    actor.create_process_group(parallel_strategy=ModelAllocation.from_str(f"fsdp:d{world}", name="actor").parallel)
+    actor.initialize(addr=None, ft_spec=FinetuneSpec(total_train_epochs=1, dataset_size=10**6, train_batch_size=a.batch))
+
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    rows = []
+    for step in range(a.warmup + a.steps):
+        data = synthetic_batch(a.batch // world, a.prompt, a.response, QWEN25_15B["vocab_size"], seed=step * 997 + rank)
+        sync()
+        t0 = time.perf_counter()
+        prox = actor.compute_logp(data)
+        sync()
+        t1 = time.perf_counter()
+        for traj, lp in zip(data, prox):
+            traj["prox_logp"] = lp
+        adv = actor.compute_advantages(data)
+        sync()
+        t2 = time.perf_counter()
+        actor.ppo_update(adv)
+        actor.step_lr_scheduler()
+        sync()
+        t3 = time.perf_counter()
+        if step >= a.warmup:
+            rows.append({"recompute_s": t1 - t0, "advantages_s": t2 - t1, "update_s": t3 - t2,
+                         "tokens": int(sum(int(d["attention_mask"].sum()) for d in data))})
+    mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+    mean["step_with_recompute_s"] = mean["recompute_s"] + mean["advantages_s"] + mean["update_s"]
+    mean["step_without_recompute_s"] = mean["advantages_s"] + mean["update_s"]
+    mean["saving_fraction"] = mean["recompute_s"] / mean["step_with_recompute_s"]
+    res = {"args": vars(a), "world_size": world, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+           "torch": torch.__version__, "per_step": rows, "mean": mean}
+    if rank == 0:
+        print(json.dumps(res["mean"], indent=2))
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=2)
+    actor.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
