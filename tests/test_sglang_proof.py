@@ -4,9 +4,9 @@ packed varlen forward in training mode, ``ops.token_logprobs``). The stock pair 
 ``torch_native`` vs HF ``sdpa``) is shown to differ, so the comparison can fail.
 
 Each Engine runs in a child process (:func:`sglang_check.launch_worker`); one child per model runs
-its engines one after the other. Requests: 4 prompts sharing a 26-token prefix, batched, greedy then
+its engines one after the other. Requests: 4 prompts sharing a 16-token prefix, batched, greedy then
 sampled with per-request temperatures (the second round hits the radix cache), chunked prefill with
-chunk 16 (every prompt is prefilled in 2 chunks), 6 new tokens each (prefill + 5 decode steps).
+chunk 16 (every prompt is prefilled in 2 chunks), 4 new tokens each (prefill + 3 decode steps).
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ if importlib.util.find_spec("sglang") is None:
 
 from areal_tik_plugin.integrations import sglang_check as SC  # noqa: E402
 
-PREFIX = ("the cat sat on the mat and then ran far up the hill to see the big red sun and the moon "
-          "so the dog ran down")
+PREFIX = "the cat sat on the mat and then ran far up the hill to see the sun"  # 16 tokens
 TAILS = ["one two three", "four five", "six", "seven eight nine ten"]
 TEMPS = [1.0, 0.7, 1.0, 1.3]
-NEW = 6
+NEW = 4
 
 
 def _prompts(tok):

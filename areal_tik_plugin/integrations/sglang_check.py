@@ -28,9 +28,10 @@ import tempfile
 import time
 
 # ops that must have run through ours in a dense / MoE model
-DENSE_OPS = ("attention_extend", "attention_decode", "kv_write", "rms_norm", "rms_norm_residual", "apply_rope",
-             "swiglu_fused", "linear", "lm_head", "token_logprobs")
-MOE_OPS = ("moe_route", "moe_experts")
+COMMON_OPS = ("attention_extend", "attention_decode", "kv_write", "rms_norm", "rms_norm_residual", "apply_rope",
+              "linear", "lm_head", "token_logprobs")
+DENSE_OPS = COMMON_OPS + ("swiglu_fused",)
+MOE_OPS = COMMON_OPS + ("moe_route", "moe_experts")
 PLUGIN_FUSED_OPS = ("RMSNorm", "RotaryEmbedding", "SiluAndMul", "TopK", "UnquantizedFusedMoEMethod")
 
 
@@ -190,7 +191,7 @@ def summarize(stats: list, moe: bool) -> dict:
             counts[k] = counts.get(k, 0) + v
         for k, v in s.get("fused_op_trace", {}).items():
             trace[k] = trace.get(k, 0) + v
-    need = DENSE_OPS + (MOE_OPS if moe else ())
+    need = MOE_OPS if moe else DENSE_OPS
     missing = [op for op in need if counts.get(op, 0) == 0]
     other_paths = {k: v for k, v in trace.items() if k.split("|")[0] in PLUGIN_FUSED_OPS and not k.endswith("|plugin")}
     return {"counts": counts, "fused_op_trace": trace, "missing": missing, "other_paths": other_paths,
