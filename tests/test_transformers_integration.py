@@ -9,6 +9,7 @@ model's own error as the yardstick.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ pytest.importorskip("transformers")
 from areal_tik_plugin import ops  # noqa: E402
 from areal_tik_plugin.integrations import logprobs as LP  # noqa: E402
 from areal_tik_plugin.integrations import transformers as T  # noqa: E402
-from areal_tik_plugin.verify import build_model  # noqa: E402
+from areal_tik_plugin.verify import _cache_kw, _out_cache, build_model  # noqa: E402
 
 FAMILIES = {"qwen2": "tiny-qwen2", "qwen3": "tiny-qwen3", "qwen3_moe": "tiny-qwen3-moe", "llama": "tiny-llama"}
 LENS = (7, 1, 10)  # odd lengths, one single-token sequence
@@ -113,6 +114,10 @@ def test_packed_separate_padded_bitwise(family):
             assert_bitwise(sep, packed[i], f"separate {i}")
         if family != "qwen3":
             return
+        # AReaL's packed call for dense models: attention_mask as a dict of None (mask creation skipped)
+        areal = m(**packed_kwargs(seqs), attention_mask={"full_attention": None, "sliding_attention": None}).logits
+        for i, r in enumerate(split_rows(areal[0], seqs)):
+            assert_bitwise(r, packed[i], f"AReaL mask dict {i}")
         # position_ids alone (HF flash-attention packing convention) == explicit cu_seq_lens
         kw = packed_kwargs(seqs)
         for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
@@ -142,12 +147,13 @@ def test_cached_decode_matches_full_sequence_bitwise():
         full = m(input_ids=seq[None], use_cache=False).logits[0]
         out = m(input_ids=seq[None, :P], use_cache=True)
         rows = [out.logits[0]]
-        cache = getattr(out, "cache", None) or out.past_key_values
+        cache = _out_cache(out)
+        kw = _cache_kw(m)
         # two tokens at once (extend over the cached prefix), then one by one (decode)
-        out = m(input_ids=seq[None, P:P + 2], past_key_values=cache, use_cache=True)
+        out = m(input_ids=seq[None, P:P + 2], use_cache=True, **{kw: cache})
         rows.append(out.logits[0])
         for t in range(P + 2, seq.numel()):
-            out = m(input_ids=seq[None, t:t + 1], past_key_values=cache, use_cache=True)
+            out = m(input_ids=seq[None, t:t + 1], use_cache=True, **{kw: cache})
             rows.append(out.logits[0])
     assert_bitwise(torch.cat(rows), full, "cached vs full")
 
@@ -247,6 +253,24 @@ def test_backward_gradients_close(family):
     assert n_checked >= 10
 
 
+def test_gradient_checkpointing_gives_identical_gradients():
+    """AReaL enables HF gradient checkpointing: the recomputed forward must give the same bits."""
+    seqs = seqs_for(stock_model("qwen3").config.vocab_size, lens=(5, 4), seed=11)
+    grads = []
+    for ckpt in (False, True):
+        m = patched("qwen3")
+        m.train()
+        if ckpt:
+            with warnings.catch_warnings():  # renamed activation_checkpointing_enable in newer transformers
+                warnings.simplefilter("ignore", FutureWarning)
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _loss(m, seqs).backward()
+        grads.append({n: p.grad for n, p in m.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for n in grads[0]:
+        assert_bitwise(grads[0][n], grads[1][n], f"grad {n}")
+
+
 def test_optimizer_steps_track_unpatched():
     stock = stock_model("qwen3")
     seqs = seqs_for(stock.config.vocab_size, lens=(6, 5), seed=7)
@@ -263,7 +287,7 @@ def test_optimizer_steps_track_unpatched():
             loss = _loss(m, seqs)
             loss.backward()
             opt.step()
-            losses[kind].append(float(loss))
+            losses[kind].append(loss.item())
     assert losses["tik"][-1] < losses["tik"][0]
     for a, b in zip(losses["tik"], losses["stock"]):
         assert abs(a - b) <= 2e-2 * abs(b), losses
