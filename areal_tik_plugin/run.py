@@ -132,7 +132,7 @@ def launch_spmd(entry: list[str], nproc: int | None, port: int | None, log_dir: 
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _term)
-    servers, addrs = [], []
+    servers, addrs, trainer = [], [], None
     try:
         for i in range(rdims.get("d", 1)):
             sp = port + i if port else free_port()
@@ -146,8 +146,11 @@ def launch_spmd(entry: list[str], nproc: int | None, port: int | None, log_dir: 
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "areal_tik_plugin.run",
                *entry, *_CTX["cli"]]
-        return subprocess.call(cmd, env=env)
+        trainer = subprocess.Popen(cmd, env=env, start_new_session=True)
+        return trainer.wait()
     finally:
+        if trainer is not None and trainer.poll() is None:  # interrupted: take torchrun's group down
+            S.stop_server(trainer)
         for s in servers:
             S.stop_server(s)
 
