@@ -15,7 +15,12 @@ and also batched vs single decode, packed vs separate and padded vs packed full-
 and the training forward (autograd on) vs the no-grad forward. The same rollout-vs-update check runs
 for the **stock** path (HF sdpa/eager full sequence vs HF cached decode with ``DynamicCache``) so the
 mismatch the plugin removes is visible. Per check: max |Δlogit|, max |Δlogp| (log-prob of the next
-token) and the share of bit-identical logit rows. Exit code 1 when any plugin check is not bit-identical.
+token) and the share of bit-identical logit rows.
+
+Exit code: 0 when every plugin check is bit-identical, 1 when one is not (or crashed), 2 for bad
+arguments or a model the kernels do not support. On CPU the kernels run under Triton's interpreter
+(``tik verify --model tiny-qwen3`` takes well under a minute); on a GPU, e.g.
+``tik verify --model qwen3-4b --prompt-len 1024 --response-len 128..1024 --batch 64 --json``.
 """
 
 from __future__ import annotations
