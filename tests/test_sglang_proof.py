@@ -3,8 +3,7 @@ bit-identical to the training-side log-prob of the same tokens (HF model patched
 packed varlen forward in training mode, ``ops.token_logprobs``). The stock pair (SGLang
 ``torch_native`` vs HF ``sdpa``) is shown to differ, so the comparison can fail.
 
-Each Engine runs in a child process (:func:`sglang_check.launch_worker`); one child per model runs
-its engines one after the other. Requests: 4 prompts sharing a 16-token prefix, batched, greedy then
+The Engines run in one child process (:func:`sglang_check.launch_worker`), one after the other. Requests: 4 prompts sharing a 16-token prefix, batched, greedy then
 sampled with per-request temperatures (the second round hits the radix cache), chunked prefill with
 chunk 16 (every prompt is prefilled in 2 chunks), 4 new tokens each (prefill + 3 decode steps).
 """
@@ -46,29 +45,34 @@ def _jobs(ids, sampled=True):
     return jobs
 
 
-def _run(tmp, kind, stock):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One child process runs the three Engines one after the other: tik Qwen3 (loaded through the
+    ``sglang.srt.plugins`` entry point), tik Qwen3-MoE (entry point disabled: loaded in the scheduler
+    by the launcher's spawn targets, the path for SGLang without plugins), stock torch_native Qwen3."""
     from transformers import AutoTokenizer
 
-    path = build_model(os.path.join(tmp, kind), kind)
-    ids = _prompts(AutoTokenizer.from_pretrained(path))
-    engines = [{"engine_kwargs": SC.default_engine_kwargs(path, "tik", "cpu", chunked_prefill_size=16),
-                "jobs": _jobs(ids)}]
-    if stock:
-        engines.append({"engine_kwargs": SC.default_engine_kwargs(path, "torch_native", "cpu", chunked_prefill_size=16),
-                        "jobs": _jobs(ids, sampled=False), "env": {"SGLANG_PLUGINS": "none"}})
-    stats = os.path.join(tmp, f"stats-{kind}")
-    res = SC.launch_worker({"engines": engines}, tmp, timeout=600, stats_dir=stats)
-    return {"path": path, "ids": ids, "engines": res["engines"], "stats": SC.read_stats(stats)}
-
-
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    return _run(str(tmp_path_factory.mktemp("sgl_qwen3")), "qwen3", stock=True)
-
-
-@pytest.fixture(scope="module")
-def qwen3_moe(tmp_path_factory):
-    return _run(str(tmp_path_factory.mktemp("sgl_moe")), "qwen3_moe", stock=False)
+    tmp = str(tmp_path_factory.mktemp("sglang_proof"))
+    models = {k: build_model(os.path.join(tmp, k), k) for k in ("qwen3", "qwen3_moe")}
+    ids = _prompts(AutoTokenizer.from_pretrained(models["qwen3"]))
+    kw = dict(device="cpu", chunked_prefill_size=16)
+    engines = [
+        {"engine_kwargs": SC.default_engine_kwargs(models["qwen3"], "tik", **kw), "jobs": _jobs(ids),
+         "env": {"TIK_SGLANG_STATS": os.path.join(tmp, "stats-qwen3")}},
+        # launcher path (SGLang without plugins): entry point disabled, the spawn targets register
+        {"engine_kwargs": SC.default_engine_kwargs(models["qwen3_moe"], "tik", **kw), "jobs": _jobs(ids),
+         "env": {"TIK_SGLANG_STATS": os.path.join(tmp, "stats-qwen3_moe"), "SGLANG_PLUGINS": "none"},
+         "launcher": True},
+        {"engine_kwargs": SC.default_engine_kwargs(models["qwen3"], "torch_native", **kw), "jobs": _jobs(ids, sampled=False),
+         "env": {"SGLANG_PLUGINS": "none", "TIK_SGLANG_STATS": ""}},
+    ]
+    res = SC.launch_worker({"engines": engines}, tmp, timeout=900)
+    out = {}
+    for name, eng in zip(("qwen3", "qwen3_moe", "stock"), res["engines"]):
+        kind = "qwen3" if name == "stock" else name
+        out[name] = {"path": models[kind], "ids": ids, "engine": eng,
+                     "stats": SC.read_stats(os.path.join(tmp, f"stats-{kind}")) if name != "stock" else []}
+    return out
 
 
 def _requests(ids, engine_out, temps_per_job):
@@ -130,8 +134,9 @@ def _assert_through_ours(stats, moe):
     return s
 
 
-def test_qwen3_rollout_logprobs_bitwise_equal_training(qwen3):
-    eng = qwen3["engines"][0]
+def test_qwen3_rollout_logprobs_bitwise_equal_training(runs):
+    qwen3 = runs["qwen3"]
+    eng = qwen3["engine"]
     reqs = _requests(qwen3["ids"], eng, [[1.0] * 4, TEMPS])
     assert min(c for *_, c in reqs[:4]) == 0, "first round must prefill from scratch"
     assert all(c >= 16 for *_, c in reqs[4:]), f"second round must hit the radix cache: {[r[-1] for r in reqs]}"
@@ -139,19 +144,21 @@ def test_qwen3_rollout_logprobs_bitwise_equal_training(qwen3):
     _assert_bitwise(reqs, _training_logprobs(qwen3["path"], reqs))
 
 
-def test_qwen3_moe_rollout_logprobs_bitwise_equal_training(qwen3_moe):
-    reqs = _requests(qwen3_moe["ids"], qwen3_moe["engines"][0], [[1.0] * 4, TEMPS])
+def test_qwen3_moe_rollout_logprobs_bitwise_equal_training(runs):
+    qwen3_moe = runs["qwen3_moe"]
+    reqs = _requests(qwen3_moe["ids"], qwen3_moe["engine"], [[1.0] * 4, TEMPS])
     assert all(c >= 16 for *_, c in reqs[4:])
     s = _assert_through_ours(qwen3_moe["stats"], moe=True)
     assert s["counts"]["moe_route"] > 0 and s["counts"]["moe_experts"] > 0
     _assert_bitwise(reqs, _training_logprobs(qwen3_moe["path"], reqs))
 
 
-def test_stock_pair_is_not_bitwise_equal(qwen3):
+def test_stock_pair_is_not_bitwise_equal(runs):
     """SGLang torch_native (bf16) vs HF sdpa on the same greedy tokens: close, not bit-identical."""
     from transformers import AutoModelForCausalLM
 
-    stock_eng = qwen3["engines"][1]
+    qwen3 = runs["qwen3"]
+    stock_eng = runs["stock"]["engine"]
     reqs = _requests(qwen3["ids"], stock_eng, [[1.0] * 4])
     model = AutoModelForCausalLM.from_pretrained(qwen3["path"], dtype=torch.bfloat16, attn_implementation="sdpa")
     model.train()
@@ -168,7 +175,7 @@ def test_stock_pair_is_not_bitwise_equal(qwen3):
     assert max_diff < 0.1, f"stock SGLang and HF disagree beyond bf16 noise: {max_diff}"
     assert n_equal < n_total, "stock pair is bit-identical: the proof would not detect a mismatch"
     # and our rollout numbers are the same model (accuracy, not bits) as the stock ones
-    tik = _requests(qwen3["ids"], qwen3["engines"][0], [[1.0] * 4])
+    tik = _requests(qwen3["ids"], qwen3["engine"], [[1.0] * 4])
     for (_, t_toks, t_lp, *_), (_, s_toks, s_lp, *_) in zip(tik, reqs):
         k = 0
         while k < len(t_toks) and t_toks[k] == s_toks[k]:

@@ -132,6 +132,10 @@ def run_worker(spec_path: str, out_path: str) -> int:
     results = []
     for eng in spec["engines"]:
         os.environ.update({k: str(v) for k, v in (eng.get("env") or {}).items()})
+        if eng.get("launcher"):  # the no-plugin-system path: spawn targets register the plugin
+            from areal_tik_plugin.integrations import sglang_launch
+
+            sglang_launch.install()
         r = _run_engine(eng["engine_kwargs"], eng["jobs"])
         if tok is not None:
             for job, jr in zip(eng["jobs"], r["jobs"]):
