@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = [
     "areal_tik_plugin.compare",  # compare: tik vs baseline AReaL runs -> report + plots
     "areal_tik_plugin.search.cli",  # search (kernel search: IR, evaluator, drivers)
     "areal_tik_plugin.verify",  # verify: Constraint (1) for a whole model
+    "areal_tik_plugin.integrations.sglang_check",  # sglang-check: which ops SGLang ran through ours
 ]
 
 
