@@ -7,4 +7,9 @@ JSON bound to the implementation's source hash and the environment (see :mod:`ar
 
 OP_MODULES = {
     "attention": "areal_tik_plugin.gpu.attention",
+    "rmsnorm": "areal_tik_plugin.gpu.norm",
+    "rope": "areal_tik_plugin.gpu.rope",
+    "swiglu": "areal_tik_plugin.gpu.swiglu",
+    "kv_write": "areal_tik_plugin.gpu.kv_write",
+    "logprob": "areal_tik_plugin.gpu.logprob",
 }

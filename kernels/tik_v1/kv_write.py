@@ -1,7 +1,7 @@
 """KV-cache write (SGLang ``set_kv_buffer`` semantics): k_cache[loc[i]] = k[i], v_cache[loc[i]] = v[i].
 
 A bit copy through integer views of the same width (no float conversion, NaN payloads kept). One
-program per token; out-of-range slots are skipped (``ops.kv_write`` rejects them when it may read
+program copies a tile of tokens x KV heads (~TILE_ELEMS elements); out-of-range slots are skipped (``ops.kv_write`` rejects them when it may read
 values). The launch depends on shapes only: CUDA-graph capturable.
 """
 
@@ -22,22 +22,27 @@ _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 @triton.jit
 def _kv_write_kernel(
-    K, V, KC, VC, LOC, n_slots,
+    K, V, KC, VC, LOC, T, n_slots,
     skt, skh, svt, svh, skct, skch, svct, svch,
-    HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    HKV: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(LOC + t).to(tl.int64)
-    ok = (slot >= 0) & (slot < n_slots)
-    d = tl.arange(0, BLOCK_D)
+    """One program copies BLOCK_T tokens x all KV heads (in blocks of BLOCK_H heads) of K and V."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < T
+    slot = tl.load(LOC + t, mask=t_ok, other=-1).to(tl.int64)
+    ok = t_ok & (slot >= 0) & (slot < n_slots)
+    t3 = t.to(tl.int64)[:, None, None]
+    s3 = slot[:, None, None]
+    ok3 = ok[:, None, None]
+    d = tl.arange(0, BLOCK_D)[None, None, :]
     for h0 in tl.static_range(0, HKV, BLOCK_H):
         h = h0 + tl.arange(0, BLOCK_H)
-        m = (h < HKV)[:, None] & (d < D)[None, :] & ok
-        hh = h.to(tl.int64)[:, None]
-        kx = tl.load(K + t * skt + hh * skh + d[None, :], mask=m)
-        tl.store(KC + slot * skct + hh * skch + d[None, :], kx, mask=m)
-        vx = tl.load(V + t * svt + hh * svh + d[None, :], mask=m)
-        tl.store(VC + slot * svct + hh * svch + d[None, :], vx, mask=m)
+        h3 = h.to(tl.int64)[None, :, None]
+        m = ok3 & (h3 < HKV) & (d < D)
+        kx = tl.load(K + t3 * skt + h3 * skh + d, mask=m)
+        tl.store(KC + s3 * skct + h3 * skch + d, kx, mask=m)
+        vx = tl.load(V + t3 * svt + h3 * svh + d, mask=m)
+        tl.store(VC + s3 * svct + h3 * svch + d, vx, mask=m)
 
 
 def forward(k_cache, v_cache, loc, k, v):
@@ -49,10 +54,11 @@ def forward(k_cache, v_cache, loc, k, v):
     kc, vc, ki, vi = k_cache.view(iv), v_cache.view(iv), k.view(iv), v.view(iv)
     block_d = triton.next_power_of_2(D)
     block_h = max(1, min(triton.next_power_of_2(hkv), TILE_ELEMS // block_d))
-    _kv_write_kernel[(T,)](
-        ki, vi, kc, vc, loc, k_cache.shape[0],
+    block_t = max(1, TILE_ELEMS // (block_h * block_d))
+    _kv_write_kernel[(triton.cdiv(T, block_t),)](
+        ki, vi, kc, vc, loc, T, k_cache.shape[0],
         ki.stride(0), ki.stride(1), vi.stride(0), vi.stride(1),
         kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
-        HKV=hkv, D=D, BLOCK_H=block_h, BLOCK_D=block_d, **launch_opts(WARPS),
+        HKV=hkv, D=D, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, **launch_opts(WARPS),
     )
     return None

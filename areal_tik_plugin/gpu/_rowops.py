@@ -1,0 +1,115 @@
+"""Shared pieces of the GPU checks/benchmarks of the row-wise ops (rmsnorm, rope, swiglu, kv_write,
+logprob): model shapes, token counts, timing wrapper, CUDA-graph replay check, baselines."""
+
+from __future__ import annotations
+
+import torch
+
+from areal_tik_plugin import bench
+
+DEV = "cuda"
+HBM_TBPS = 4.3  # measured H200 copy bandwidth the targets refer to
+
+# Real model shapes (config.json of each model)
+MODELS = {
+    "qwen2.5-1.5b": dict(hidden=1536, hq=12, hkv=2, d=128, vocab=151936, inter=8960, theta=1e6, eps=1e-6),
+    "qwen3-4b": dict(hidden=2560, hq=32, hkv=8, d=128, vocab=151936, inter=9728, theta=1e6, eps=1e-6),
+    "qwen3-30b-a3b": dict(hidden=2048, hq=32, hkv=4, d=128, vocab=151936, inter=768, theta=1e6, eps=1e-6),
+}
+CHECK_T = (1, 7, 64, 257, 1024, 4096, 16384)
+BENCH_T = (1, 64, 256, 1024, 4096, 16384)
+QUICK_BENCH_T = (1, 256, 4096, 16384)
+
+
+def rand(*shape, dtype=torch.bfloat16, scale=1.0, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return (torch.randn(*shape, device=DEV, generator=g) * scale).to(dtype)
+
+
+def row_slices(n_full, Ts=CHECK_T):
+    """(tag, slice) pairs: for every T < n_full, a block at the start, in the middle (odd offset) and at
+    the end of the full batch -- a decode-sized or chunk-sized call vs the full-sequence call."""
+    out = []
+    for T in Ts:
+        if T > n_full:
+            continue
+        offs = sorted({0, max(0, (n_full - T) // 2 - 1), n_full - T})
+        for o in offs:
+            out.append((f"T{T}@{o}", slice(o, o + T)))
+    return out
+
+
+def shuffled_rows(n_full, n, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randperm(n_full, generator=g)[:n].to(DEV)
+
+
+def timed(rec, name, fn, graph=True):
+    """bench.time_both with warm-up; failures are recorded, never raised."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return bench.time_both(fn, graph=graph)
+    except Exception as e:
+        rec.errors.append(f"{name}: {type(e).__name__}: {e}"[:300])
+        return None
+
+
+def tbps(nbytes, t):
+    if not t or not t.get("cold_us"):
+        return None
+    out = {"cold_tbps": nbytes / (t["cold_us"] * 1e-6) / 1e12}
+    if t.get("graph_us"):
+        out["graph_tbps"] = nbytes / (t["graph_us"] * 1e-6) / 1e12
+    return out
+
+
+def graph_vs_eager(rec, name, step, refresh, eager, n=3):
+    """Capture ``step()`` (writing into static outputs, returns them) in a CUDA graph; for n rounds
+    ``refresh(i)`` new input values in place, replay, and compare bitwise with ``eager()``."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = step()
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    for i in range(n):
+        refresh(i)
+        g.replay()
+        torch.cuda.synchronize()
+        ref = eager()
+        ref = ref if isinstance(ref, (tuple, list)) else (ref,)
+        for j, (a, b) in enumerate(zip(outs, ref)):
+            rec.bitwise(f"{name}[replay{i}/out{j}]", a.clone(), b)
+    del g
+
+
+_LIGER = {}
+
+
+def liger(rec=None):
+    """The liger_kernel module, or None (recorded once as 'unavailable' in the bench table)."""
+    if "mod" not in _LIGER:
+        try:
+            import liger_kernel  # noqa: F401
+
+            _LIGER["mod"] = liger_kernel
+            _LIGER["why"] = None
+        except Exception as e:
+            _LIGER["mod"] = None
+            _LIGER["why"] = f"unavailable ({type(e).__name__}: {e})"[:200]
+    if rec is not None and _LIGER["mod"] is None:
+        rec.bench("liger_kernel", status=_LIGER["why"])
+    return _LIGER["mod"]
+
+
+def ratio(base, ours, key):
+    return bench.ratio(base, ours, key) if base and ours else None
+
+
+def rel_l2(out, ref):
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))

@@ -1,0 +1,220 @@
+"""Compile the row-wise op kernels (rmsnorm, rope, swiglu, kv_write, logprob) for sm_90 on a CPU box.
+
+No GPU needed: the real launchers run on CPU tensors with ``kernel[grid](...)`` intercepted; each
+intercepted launch is compiled with ``triton.compile(ASTSource(...), GPUTarget("cuda", 90, 32))``
+(ptxas ships in the triton wheel), so syntax/type errors of the GPU code paths (INTERP=False) show up
+before a GPU run. It also checks what the token-invariance argument relies on, statically:
+
+* the layout of every ``tt.reduce`` in the RMSNorm forward is the same for the plain and the fused
+  residual kernel, for a 2-D and a per-head 3-D call, and for row counts 1, 17, 4096;
+* the log-prob chunk kernel compiles to the same TTGIR for any row count and row stride;
+* no ``fma`` outside libdevice calls where FP contraction must be off (PTX ``fma.rn`` count reported).
+
+Usage: ``python scripts/compile_rowops_sm90.py [--impl kernels/tik_v1] [--quick]``. Exit 1 on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+import types
+
+
+def load_impl_no_interp(path):
+    os.environ.pop("TRITON_INTERPRET", None)
+    pkg = "_tik_sm90_check"
+    mod = types.ModuleType(pkg)
+    mod.__path__ = [os.path.abspath(path)]
+    mod.__package__ = pkg
+    sys.modules[pkg] = mod
+    import importlib
+
+    return lambda name: importlib.import_module(f"{pkg}.{name}")
+
+
+class Capture:
+    """Intercept ``kernel[grid](*args, **kw)``: record and compile instead of launching."""
+
+    def __init__(self):
+        import triton.runtime.jit as jit
+
+        self.jit = jit
+        self.records = []
+
+    def __enter__(self):
+        cap = self
+        self._orig = self.jit.KernelInterface.__getitem__
+
+        def getitem(kernel, grid):
+            def run(*args, **kw):
+                cap.records.append((kernel, args, kw))
+
+            return run
+
+        self.jit.KernelInterface.__getitem__ = getitem
+        return self
+
+    def __exit__(self, *exc):
+        self.jit.KernelInterface.__getitem__ = self._orig
+        return False
+
+
+_DT = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32", "torch.int32": "i32",
+       "torch.int64": "i64", "torch.int16": "i16", "torch.int8": "i8", "torch.float8_e4m3fn": "fp8e4nv"}
+
+
+def compile_record(kernel, args, kw):
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kw}
+    names = [p.name for p in kernel.params]
+    values = dict(zip(names, args))
+    values.update(kw)
+    dns = set(kernel.do_not_specialize or [])
+    sig, constexprs, attrs = {}, {}, {}
+    for i, p in enumerate(kernel.params):
+        v = values[p.name]
+        if p.is_constexpr:
+            sig[p.name] = "constexpr"
+            constexprs[p.name] = v
+        elif isinstance(v, torch.Tensor):
+            sig[p.name] = "*" + _DT[str(v.dtype)]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, bool):
+            sig[p.name] = "i1"
+        elif isinstance(v, int):
+            sig[p.name] = "i64" if abs(v) >= 2**31 else "i32"
+            if p.name not in dns and v % 16 == 0 and v != 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[p.name] = "fp32"
+        else:
+            raise TypeError(f"{kernel.fn.__name__}.{p.name}: cannot map {type(v)}")
+    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def reduce_layouts(ttgir: str):
+    """The layout attribute of every tt.reduce operand, resolved to its definition text."""
+    defs = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
+    out = []
+    for m in re.finditer(r'"tt\.reduce"\(.*?\) <\{axis = (\d+).*?\}> \(\{.*?\}\) : \(tensor<([^,>]+), (#\w+)>', ttgir, re.S):
+        out.append((int(m.group(1)), m.group(2), defs.get(m.group(3), m.group(3))))
+    return out
+
+
+def fma_outside_libdevice(ptx: str) -> int:
+    """fma instructions in the kernel body (libdevice functions are inlined; we count all)."""
+    return len(re.findall(r"\bfma\.rn", ptx))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--impl", default=os.path.join(os.path.dirname(__file__), "..", "kernels", "tik_v1"))
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    mod = load_impl_no_interp(args.impl)
+    import torch
+
+    failures = []
+    t0 = time.time()
+    n_compiled = 0
+
+    def compile_all(label, fn):
+        nonlocal n_compiled
+        with Capture() as cap:
+            fn()
+        outs = []
+        for kernel, a, kw in cap.records:
+            try:
+                c = compile_record(kernel, a, dict(kw))
+                outs.append((kernel.fn.__name__, c))
+                n_compiled += 1
+            except Exception as e:
+                failures.append(f"{label}: {kernel.fn.__name__}: {type(e).__name__}: {str(e)[:2000]}")
+        return outs
+
+    bf16 = torch.bfloat16
+    rms = mod("rmsnorm")
+    Hs = (128, 1536) if args.quick else (64, 96, 128, 1536, 2048, 2560, 4096)
+    for H in Hs:
+        w = torch.ones(H, dtype=bf16)
+        lays = {}
+        for label, fn in {
+            "plain M=1": lambda: rms.forward(torch.empty(1, H, dtype=bf16), w, 1e-6),
+            "plain M=17": lambda: rms.forward(torch.empty(17, H, dtype=bf16), w, 1e-6),
+            "plain M=4096": lambda: rms.forward(torch.empty(4096, H, dtype=bf16), w, 1e-6),
+            "per-head strided": lambda: rms.forward(torch.empty(17, 48, H, dtype=bf16)[:, 8:40], w, 1e-6),
+            "fused residual": lambda: rms.forward(torch.empty(17, H, dtype=bf16), w, 1e-6,
+                                                  residual=torch.empty(17, H, dtype=bf16)),
+        }.items():
+            outs = compile_all(f"rmsnorm H={H} {label}", fn)
+            for name, c in outs:
+                lays[label] = reduce_layouts(c.asm["ttgir"])
+                n_fma = fma_outside_libdevice(c.asm["ptx"])
+                if n_fma:
+                    failures.append(f"rmsnorm H={H} {label}: {n_fma} fma in PTX (contraction must be off)")
+        ref = lays.get("plain M=1")
+        for label, lay in lays.items():
+            if lay != ref:
+                failures.append(f"rmsnorm H={H}: reduce layout of '{label}' {lay} != plain M=1 {ref}")
+        print(f"rmsnorm H={H}: reduce layouts {ref}")
+        compile_all(f"rmsnorm.backward H={H}", lambda: rms.backward(
+            torch.empty(17, H, dtype=bf16), torch.empty(17, H, dtype=bf16), w, 1e-6, dres=torch.empty(17, H, dtype=bf16)))
+
+    rope = mod("rope")
+    for (hq, hkv, D, half) in ((12, 2, 128, 64), (32, 8, 128, 64), (32, 4, 128, 64), (4, 2, 96, 24)):
+        q = torch.empty(5, hq + 2 * hkv, D, dtype=bf16)
+        inv = torch.empty(half, dtype=torch.float32)
+        compile_all(f"rope {hq}/{hkv}/{D}", lambda: rope.forward(q[:, :hq], q[:, hq:hq + hkv], torch.zeros(5, dtype=torch.int64), inv, 1.0))
+        compile_all(f"rope.backward {hq}/{hkv}/{D}", lambda: rope.backward(
+            torch.empty(5, hq, D, dtype=bf16), torch.empty(5, hkv, D, dtype=bf16), torch.zeros(5, dtype=torch.int32), inv, 1.0))
+
+    sw = mod("swiglu")
+    for I in (768, 8960):
+        gu = torch.empty(7, 2 * I, dtype=bf16)
+        compile_all(f"swiglu I={I}", lambda: sw.forward_fused(gu))
+        compile_all(f"swiglu.backward_fused I={I}", lambda: sw.backward_fused(torch.empty(7, I, dtype=bf16), gu))
+        compile_all(f"swiglu.backward I={I}", lambda: sw.backward(torch.empty(7, I, dtype=bf16), gu[:, :I], gu[:, I:]))
+
+    kv = mod("kv_write")
+    for hkv, D in ((2, 128), (8, 128), (4, 128)):
+        kc = torch.empty(64, hkv, D, dtype=bf16)
+        kv_in = torch.empty(5, hkv, D, dtype=bf16)
+        compile_all(f"kv_write {hkv}x{D}", lambda: kv.forward(kc, kc.clone(), torch.zeros(5, dtype=torch.int64), kv_in, kv_in))
+
+    lp = mod("logprob")
+    for Vn in ((1000, 151936) if not args.quick else (151936,)):
+        ttg = {}
+        for label, fn in {
+            "T=1": lambda: lp.forward(torch.empty(1, Vn, dtype=bf16), torch.zeros(1, dtype=torch.int64), 1.0),
+            "T=33 strided": lambda: lp.forward(torch.empty(33, Vn + 64, dtype=bf16)[:, :Vn], torch.zeros(33, dtype=torch.int64), 0.7),
+            "per-row T": lambda: lp.forward(torch.empty(16, Vn, dtype=bf16), torch.zeros(16, dtype=torch.int64),
+                                           torch.ones(16, dtype=torch.float32)),
+        }.items():
+            for name, c in compile_all(f"logprob V={Vn} {label}", fn):
+                if name == "_logprob_partial_kernel":
+                    ttg[label] = reduce_layouts(c.asm["ttgir"])
+        ref = ttg.get("T=1")
+        for label, lay in ttg.items():
+            if lay != ref:
+                failures.append(f"logprob V={Vn}: chunk reduce layout of '{label}' {lay} != T=1 {ref}")
+        print(f"logprob V={Vn}: chunk reduce layouts {ref}")
+        compile_all(f"logprob.backward V={Vn}", lambda: lp.backward(
+            torch.empty(3, Vn, dtype=bf16), torch.zeros(3, dtype=torch.int64), 1.0, torch.empty(3), torch.empty(3),
+            torch.empty(3), torch.empty(3)))
+
+    print(f"compiled {n_compiled} kernels for sm_90 in {time.time() - t0:.0f}s; {len(failures)} failures")
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
