@@ -271,6 +271,33 @@ def test_gradient_checkpointing_gives_identical_gradients():
         assert_bitwise(grads[0][n], grads[1][n], f"grad {n}")
 
 
+def test_fsdp2_mixed_precision_fp32_master_like_areal(tmp_path):
+    """AReaL's FSDP engine: fp32 master weights, FSDP2 with bf16 params, patched after sharding.
+    Logits equal the plain bf16 patched model's bit for bit; backward reaches the sharded params."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    ref = patched("qwen3")
+    m = copy.deepcopy(stock_model("qwen3")).float()  # bf16 values, exact in fp32
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in m.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(m, mp_policy=mp)
+        T.apply_to_model(m)
+        seqs = seqs_for(m.config.vocab_size, lens=(4, 5), seed=12)
+        out = m(**packed_kwargs(seqs)).logits
+        with torch.no_grad():
+            want = ref(**packed_kwargs(seqs)).logits
+        assert_bitwise(out.detach(), want, "FSDP2 bf16-param forward vs bf16 model")
+        out.float().logsumexp(-1).sum().backward()
+        w = m.model.layers[0].self_attn.q_proj.weight
+        assert w.grad is not None and bool(torch.isfinite(w.grad.full_tensor()).all())
+    finally:
+        dist.destroy_process_group()
+
+
 def test_optimizer_steps_track_unpatched():
     stock = stock_model("qwen3")
     seqs = seqs_for(stock.config.vocab_size, lens=(6, 5), seed=7)
