@@ -12,4 +12,6 @@ OP_MODULES = {
     "swiglu": "areal_tik_plugin.gpu.swiglu",
     "kv_write": "areal_tik_plugin.gpu.kv_write",
     "logprob": "areal_tik_plugin.gpu.logprob",
+    "gemm": "areal_tik_plugin.gpu.gemm",
+    "moe": "areal_tik_plugin.gpu.moe",
 }

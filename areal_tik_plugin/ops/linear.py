@@ -74,5 +74,9 @@ def linear(x, weight, bias=None):
     x2 = x.reshape(-1, K)
     if x2.shape[0] > 0 and x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    y = _Linear.apply(x2, weight, bias)
+    needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if torch.is_grad_enabled() and needs_grad:
+        y = _Linear.apply(x2, weight, bias)
+    else:  # inference (rollout): no autograd node, less host overhead
+        y = _impl().linear(x2, weight, bias)
     return y.reshape(*lead, weight.shape[0])

@@ -93,7 +93,9 @@ def moe_route(router_logits, top_k, norm_topk_prob):
         raise ValueError(f"router_logits: expected 1 <= num_experts <= 1024 columns, got {E}")
     _check_top_k(top_k, E)
     _check_norm(norm_topk_prob)
-    return _Route.apply(router_logits, top_k, norm_topk_prob)
+    if torch.is_grad_enabled() and router_logits.requires_grad:
+        return _Route.apply(router_logits, top_k, norm_topk_prob)
+    return _impl().route(router_logits, top_k, norm_topk_prob)
 
 
 class _Experts(torch.autograd.Function):
@@ -174,7 +176,9 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids):
     _check_experts(x, w_gate_up, w_down, topk_weights, topk_ids)
     if topk_weights.stride(-1) != 1 or topk_weights.stride(0) != topk_weights.shape[1]:
         topk_weights = topk_weights.contiguous()
-    return _Experts.apply(x, w_gate_up, w_down, topk_weights, topk_ids)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate_up, w_down, topk_weights)):
+        return _Experts.apply(x, w_gate_up, w_down, topk_weights, topk_ids)
+    return _impl().experts(x, w_gate_up, w_down, topk_weights, topk_ids)
 
 
 def moe_block(x, router_weight, w_gate_up, w_down, top_k, norm_topk_prob):

@@ -36,18 +36,19 @@ from . import contract as C
 # ------------------------------------------------------------------------------------------------
 # Free knobs (bits do not depend on any of these; the search may move them freely).
 # ------------------------------------------------------------------------------------------------
-# Decode-sized M (<= 64): weight-bandwidth bound. One row-tile; many programs over N with a deep
-# pipeline. (max_M, BLOCK_M, num_stages). BLOCK_N is the largest of SMALL_M_BLOCK_N that still gives
-# at least SMALL_M_MIN_PROGRAMS_PER_SM programs per SM.
-SMALL_M_TABLE = ((16, 16, 8), (32, 32, 8), (64, 64, 6))
-SMALL_M_BLOCK_N = (64, 32, 16)
-SMALL_M_MIN_PROGRAMS_PER_SM = 3
-SMALL_M_WARPS = 4
+# Decode-sized M (<= 64): weight-bandwidth bound. One row tile (x rows past M are masked, so they
+# cost no memory traffic); many programs over N; a deep cp.async pipeline so that each program keeps
+# ~SMALL_M_INFLIGHT_BYTES of weights in flight (Little's law: ~4.8 TB/s x ~0.8 us over 132 SMs).
+SMALL_M_TABLE = ((16, 16), (32, 32), (64, 64))      # (max_M, BLOCK_M)
+SMALL_M_BLOCK_N = (64, 32, 16)                      # largest giving >= SMALL_M_MIN_PROGRAMS_PER_SM
+SMALL_M_MIN_PROGRAMS_PER_SM = 1
+SMALL_M_INFLIGHT_BYTES = 32 * 1024
+SMALL_M_SMEM_BUDGET = 160 * 1024
 # Larger M: compute bound. Candidate tiles (BLOCK_M, BLOCK_N, num_warps, num_stages, programs per
-# SM that fit in shared memory, relative per-SM throughput). The tile maximizing
-# throughput x wave efficiency is chosen.
+# SM that fit in shared memory, relative per-SM throughput); config_for picks the one with the
+# least modeled time (waves x tile work / throughput).
 LARGE_M_TILES = (
-    (128, 256, 8, 3, 1, 1.00),
+    (128, 256, 8, 4, 1, 1.00),
     (128, 128, 8, 4, 1, 0.88),
     (64, 128, 4, 4, 2, 0.72),
     (64, 64, 4, 4, 3, 0.50),
@@ -63,8 +64,8 @@ KNOBS = {
     "free": {
         "SMALL_M_TABLE": SMALL_M_TABLE,
         "SMALL_M_BLOCK_N": SMALL_M_BLOCK_N,
-        "SMALL_M_MIN_PROGRAMS_PER_SM": (1, 2, 3, 4, 6),
-        "SMALL_M_WARPS": (2, 4, 8),
+        "SMALL_M_MIN_PROGRAMS_PER_SM": (1, 2, 3, 4),
+        "SMALL_M_INFLIGHT_BYTES": (16384, 32768, 65536),
         "LARGE_M_TILES": LARGE_M_TILES,
         "GROUP_M": (1, 4, 8, 16),
         "USE_TMA": (False, True),
@@ -102,7 +103,7 @@ def _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS: tl.constexpr):
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _linear_ptr_kernel(
     X, W, Bias, Y, M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
@@ -113,19 +114,20 @@ def _linear_ptr_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    # Out-of-range rows/columns read row 0 / column 0 (results discarded): no masks on M or N.
-    rm = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
+    # x rows past M are masked (zero-filled, no memory traffic: decode M << BLOCK_M); weight rows
+    # past N re-read row 0 (results discarded). Masks never change the values of valid rows.
+    m_ok = offs_m[:, None] < M
     rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
-    x_ptrs = X + rm[:, None] * stride_xm + offs_k[None, :]
+    x_ptrs = X + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
     w_ptrs = W + rn[:, None] * stride_wn + offs_k[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
-            a = tl.load(x_ptrs)
+            a = tl.load(x_ptrs, mask=m_ok, other=0.0)
             b = tl.load(w_ptrs)
         else:
             kmask = offs_k[None, :] < K - k0
-            a = tl.load(x_ptrs, mask=kmask, other=0.0)
+            a = tl.load(x_ptrs, mask=m_ok & kmask, other=0.0)
             b = tl.load(w_ptrs, mask=kmask, other=0.0)
         acc = tl.dot(a, tl.trans(b), acc)
         x_ptrs += BLOCK_K
@@ -135,7 +137,7 @@ def _linear_ptr_kernel(
     tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _linear_tma_kernel(
     x_desc, w_desc, y_desc, Bias, M, N, K,
     HAS_BIAS: tl.constexpr,
@@ -181,38 +183,37 @@ def config_for(M: int, N: int, K: int, num_sms: int = 132, cpu: bool = False) ->
         return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1, GROUP_M=GROUP_M, tma=False,
                     name=f"cpu_m{bm}_n{bn}")
     if M <= SMALL_M_TABLE[-1][0]:
-        for max_m, bm, stages in SMALL_M_TABLE:
-            if M <= max_m:
-                break
+        bm = next(b for max_m, b in SMALL_M_TABLE if M <= max_m)
         bn = SMALL_M_BLOCK_N[-1]
         for cand in SMALL_M_BLOCK_N:
             if triton.cdiv(N, cand) >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
                 bn = cand
                 break
-        warps = SMALL_M_WARPS if bn >= 32 else 2
-        return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=1,
-                    tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"small_m{bm}_n{bn}")
-    best, best_score = None, -1.0
+        return _small_config(bm, bn)
+    best, best_time = None, float("inf")
     for bm, bn, warps, stages, per_sm, speed in LARGE_M_TILES:
         tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-        slots = num_sms * per_sm
-        waves = triton.cdiv(tiles, slots)
-        score = speed * tiles / (waves * slots)
-        if score > best_score + 1e-9:
-            best, best_score = (bm, bn, warps, stages), score
+        waves = triton.cdiv(tiles, num_sms * per_sm)
+        sharing = min(per_sm, triton.cdiv(tiles, num_sms))  # programs sharing one SM
+        est = waves * bm * bn * sharing / speed             # relative time model
+        if est < best_time * (1 - 1e-9):
+            best, best_time = (bm, bn, warps, stages), est
     bm, bn, warps, stages = best
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=GROUP_M,
                 tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"large_m{bm}_n{bn}")
 
 
+def _small_config(bm: int, bn: int) -> dict:
+    bytes_per_stage = bn * C.GEMM_BLOCK_K * 2
+    stages = 1 + max(1, SMALL_M_INFLIGHT_BYTES // bytes_per_stage)
+    stages = max(2, min(stages, SMALL_M_SMEM_BUDGET // ((bm + bn) * C.GEMM_BLOCK_K * 2)))
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4 if bn >= 32 else 2, num_stages=stages, GROUP_M=1,
+                tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"small_m{bm}_n{bn}")
+
+
 def all_configs() -> list[dict]:
     """Every GPU configuration :func:`config_for` can return (for contract checks of free knobs)."""
-    out = []
-    for _, bm, stages in SMALL_M_TABLE:
-        for bn in SMALL_M_BLOCK_N:
-            warps = SMALL_M_WARPS if bn >= 32 else 2
-            out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=1,
-                            tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"small_m{bm}_n{bn}"))
+    out = [_small_config(bm, bn) for _, bm in SMALL_M_TABLE for bn in SMALL_M_BLOCK_N]
     for bm, bn, warps, stages, _, _ in LARGE_M_TILES:
         out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=GROUP_M,
                         tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"large_m{bm}_n{bn}"))

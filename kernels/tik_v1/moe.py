@@ -316,7 +316,7 @@ def group_by_expert(ids_flat, E, block_m):
     blk = torch.empty((3, n_blocks), device=dev, dtype=torch.int32)
     _moe_count_kernel[(triton.cdiv(n, SORT_BLOCK),)](ids_flat, counts, rank, n, E=E, BLOCK=SORT_BLOCK, **_opts(4))
     e_pad = max(16, triton.next_power_of_2(E))
-    sb = max(16, min(SORT_BLOCK, 16384 // e_pad))
+    sb = max(16, min(SORT_BLOCK, 8192 // e_pad))
     grid = (max(triton.cdiv(n, sb), triton.cdiv(n_blocks, sb)),)
     _moe_scatter_kernel[grid](ids_flat, counts, rank, sorted_ids, blk[0], blk[1], blk[2], n, n_blocks,
                               E=E, E_PAD=e_pad, BLOCK_M=block_m, BLOCK=sb, **_opts(4))

@@ -1,0 +1,288 @@
+"""GPU contract checks and benchmarks for the batch-invariant linear (H200 sizes).
+
+Checks: a row computed alone (M=1) == the same row inside M in {8, 64, ..., 65536} at several
+positions; every tile configuration of the per-M table gives the same bits (TMA and pointer
+kernels); CUDA-graph replay == eager; accuracy vs an fp32 matmul (and not worse than cuBLAS);
+gradients. Benchmarks: vs cuBLAS (torch.nn.functional.linear) at M in {1, 8, 64, 256, 1024, 4096,
+16384} on the QKV/O/gate_up/down/lm_head shapes of Qwen2.5-1.5B, Qwen3-4B and the Qwen3-30B-A3B
+attention/router shapes; TFLOP/s and TB/s for both.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from areal_tik_plugin import bench
+from areal_tik_plugin.ops import linear
+
+DEV = "cuda"
+
+# (model, layer) -> (N, K, has_bias)
+SHAPES = {
+    ("qwen2.5-1.5b", "qkv"): (2048, 1536, True),
+    ("qwen2.5-1.5b", "o"): (1536, 1536, False),
+    ("qwen2.5-1.5b", "gate_up"): (17920, 1536, False),
+    ("qwen2.5-1.5b", "down"): (1536, 8960, False),
+    ("qwen2.5-1.5b", "lm_head"): (151936, 1536, False),
+    ("qwen3-4b", "qkv"): (6144, 2560, False),
+    ("qwen3-4b", "o"): (2560, 4096, False),
+    ("qwen3-4b", "gate_up"): (19456, 2560, False),
+    ("qwen3-4b", "down"): (2560, 9728, False),
+    ("qwen3-4b", "lm_head"): (151936, 2560, False),
+    ("qwen3-30b-a3b", "qkv"): (5120, 2048, False),
+    ("qwen3-30b-a3b", "o"): (2048, 4096, False),
+    ("qwen3-30b-a3b", "router"): (128, 2048, False),
+}
+BENCH_M = (1, 8, 64, 256, 1024, 4096, 16384)
+CHECK_M = (8, 24, 64, 256, 1024, 4096, 16384, 65536)  # 24: the BLOCK_M=32 small-M row tile
+# accuracy vs fp32 math: the output is rounded once to bf16/fp16
+TOL = {torch.bfloat16: (1e-2, 1e-2), torch.float16: (2e-3, 2e-3)}
+
+
+def _gemm():
+    from areal_tik_plugin.loader import get_implementation
+
+    return get_implementation().module("gemm")
+
+
+def _data(M, N, K, dtype=torch.bfloat16, bias=False, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(M, K, device=DEV, dtype=dtype, generator=g)
+    w = (torch.randn(N, K, device=DEV, generator=g) / K ** 0.5).to(dtype)
+    b = torch.randn(N, device=DEV, generator=g).to(dtype) if bias else None
+    return x, w, b
+
+
+# ------------------------------------------------------------------------------------------------
+# contract checks
+# ------------------------------------------------------------------------------------------------
+def _check_rows_vs_m1(rec, tag, N, K, has_bias, Ms, dtype=torch.bfloat16):
+    """Rows at fixed positions: alone (M=1) == inside a call of M rows, for every M in Ms."""
+    Mmax = max(Ms)
+    x, w, b = _data(Mmax, N, K, dtype, has_bias, seed=N + K)
+    probe = {0, 1, 7, 8, 63, 64, 255, 1023, 4095, 16383, Mmax - 1, 12345 % Mmax, 777 % Mmax}
+    probe = sorted(i for i in probe if i < Mmax)
+    single = {i: linear(x[i:i + 1], w, b) for i in probe}
+    gemm = _gemm()
+    for M in Ms:
+        rows = [i for i in probe if i < M]
+        y = linear(x[:M], w, b)
+        cfg = gemm.config_for(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
+        rec.bitwise(f"rows_vs_m1[{tag}/M={M}]", y[rows], torch.cat([single[i] for i in rows]),
+                    config=cfg["name"], rows=len(rows))
+        del y
+    # position in the batch: the same rows at other positions (reversed order) of a 257-row call
+    M = 257
+    idx = torch.arange(M - 1, -1, -1, device=DEV)
+    y_fwd = linear(x[:M], w, b)
+    y_rev = linear(x[:M][idx].contiguous(), w, b)
+    rec.bitwise(f"row_position[{tag}]", y_rev[idx.argsort()], y_fwd)
+    # a row-strided view (x rows inside a wider buffer, e.g. a slice of a fused projection)
+    wide = torch.zeros(64, K + 64, device=DEV, dtype=dtype)
+    wide[:, 32:32 + K] = x[:64]
+    rec.bitwise(f"strided_x[{tag}]", linear(wide[:, 32:32 + K], w, b), linear(x[:64], w, b))
+
+
+def _check_all_configs(rec, tag, N, K, has_bias, M=300):
+    """Every free-knob configuration (incl. TMA on/off) gives the default configuration's bits."""
+    gemm = _gemm()
+    x, w, b = _data(M, N, K, torch.bfloat16, has_bias, seed=1)
+    ref = gemm.linear(x, w, b)
+    for cfg in gemm.all_configs():
+        rec.bitwise(f"config[{tag}/{cfg['name']}]", gemm.linear(x, w, b, config=cfg), ref)
+        if cfg["tma"]:
+            rec.bitwise(f"config[{tag}/{cfg['name']}/no_tma]", gemm.linear(x, w, b, config=dict(cfg, tma=False)), ref)
+    # one row alone through each small-M config == the default big-M result
+    for cfg in gemm.all_configs():
+        if cfg["name"].startswith("small"):
+            rec.bitwise(f"config_row[{tag}/{cfg['name']}]", gemm.linear(x[5:6], w, b, config=cfg), ref[5:6])
+
+
+def _check_config_coverage(rec):
+    """Every configuration of the table is the choice for some (M, N, K) of the checks/benchmarks."""
+    gemm = _gemm()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    chosen = {gemm.config_for(M, N, K, sms)["name"] for (N, K, _) in SHAPES.values()
+              for M in (1, 8, 17, 33, 64) + BENCH_M + CHECK_M}
+    names = [c["name"] for c in gemm.all_configs()]
+    rec.check("config_table_coverage", True, chosen=sorted(chosen), never_chosen=sorted(set(names) - chosen))
+
+
+def _check_graph(rec):
+    N, K = 5120, 2048
+    for M in (1, 8, 64, 1024):
+        x, w, _ = _data(M, N, K, seed=M)
+        out = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
+        gemm = _gemm()
+
+        def step():
+            gemm.linear(x, w, None, out=out)
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        for it in range(2):
+            x.copy_(torch.randn_like(x))
+            g.replay()
+            torch.cuda.synchronize()
+            rec.bitwise(f"graph_replay_vs_eager[M={M}/{it}]", out.clone(), linear(x, w))
+        # the public op captured too (allocates inside the graph)
+        g2 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g2):
+            y_static = linear(x, w)
+        x.copy_(torch.randn_like(x))
+        g2.replay()
+        torch.cuda.synchronize()
+        rec.bitwise(f"graph_op_vs_eager[M={M}]", y_static.clone(), linear(x, w))
+
+
+def _check_accuracy(rec, quick, shapes=None, Ms=None):
+    shapes = shapes or [SHAPES[("qwen3-4b", "qkv")], SHAPES[("qwen2.5-1.5b", "qkv")], (333, 1000, True)]
+    for dtype in (torch.bfloat16, torch.float16):
+        for N, K, has_bias in shapes:
+            for M in Ms or ((1, 77) if quick else (1, 77, 1024)):
+                x, w, b = _data(M, N, K, dtype, has_bias, seed=3)
+                y = linear(x, w, b)
+                ref = x.float() @ w.float().t() + (b.float() if has_bias else 0)
+                atol, rtol = TOL[dtype]
+                tag = f"{N}x{K}/M={M}/{str(dtype)[6:]}"
+                rec.close(f"accuracy_vs_fp32[{tag}]", y, ref, atol=atol, rtol=rtol)
+                cub = F.linear(x, w, b)
+                e_ours = float((y.double() - ref.double()).abs().max())
+                e_cub = float((cub.double() - ref.double()).abs().max())
+                rec.check(f"error_not_worse_than_cublas[{tag}]", e_ours <= 1.5 * e_cub + 1e-6,
+                          ours=e_ours, cublas=e_cub)
+
+
+def _check_backward(rec, N=2048, K=1536, M=333):
+    for dtype in (torch.bfloat16, torch.float16):
+        x, w, b = _data(M, N, K, dtype, True, seed=4)
+        x, w, b = (t.requires_grad_() for t in (x, w, b))
+        gy = torch.randn(M, N, device=DEV, dtype=dtype)
+        grads = torch.autograd.grad(linear(x, w, b), (x, w, b), gy)
+        xr, wr, br = (t.detach().float().requires_grad_() for t in (x, w, b))
+        refs = torch.autograd.grad(xr @ wr.t() + br, (xr, wr, br), gy.float())
+        for name, a, r in zip(("dx", "dw", "db"), grads, refs):
+            rel = float((a.double() - r.double()).norm() / r.double().norm())
+            rec.check(f"grad_{name}[{str(dtype)[6:]}]", rel < 1e-2, rel_l2=rel)
+
+
+def run_checks(rec, quick: bool = False) -> None:
+    torch.manual_seed(0)
+    rec.run("config_coverage", _check_config_coverage, rec)
+    cases = [
+        ("qwen3-30b-a3b/qkv", SHAPES[("qwen3-30b-a3b", "qkv")], CHECK_M),
+        ("qwen2.5-1.5b/qkv+bias", SHAPES[("qwen2.5-1.5b", "qkv")], CHECK_M),
+        ("qwen2.5-1.5b/down", SHAPES[("qwen2.5-1.5b", "down")], CHECK_M[:-1]),
+        ("qwen3-4b/gate_up", SHAPES[("qwen3-4b", "gate_up")], CHECK_M[:-2]),
+        ("qwen3-4b/lm_head", SHAPES[("qwen3-4b", "lm_head")], CHECK_M[:4]),
+        ("qwen3-30b-a3b/router", SHAPES[("qwen3-30b-a3b", "router")], CHECK_M),
+        ("odd/333x1000+bias", (333, 1000, True), (8, 64, 256, 1024, 4096)),
+    ]
+    if quick:
+        cases = [cases[0], cases[1], cases[-1]]
+    for tag, (N, K, hb), Ms in cases:
+        rec.run(f"rows_vs_m1[{tag}]", _check_rows_vs_m1, rec, tag, N, K, hb, Ms)
+    rec.run("rows_vs_m1[fp16]", _check_rows_vs_m1, rec, "fp16/4b-qkv", *SHAPES[("qwen3-4b", "qkv")],
+            (8, 64, 1024, 4096), dtype=torch.float16)
+    # the three kernel specializations (no bias / bias / bias + K tail) of every configuration
+    for tag, (N, K, hb) in (("30b-qkv", SHAPES[("qwen3-30b-a3b", "qkv")]),
+                            ("1.5b-qkv+bias", SHAPES[("qwen2.5-1.5b", "qkv")]),
+                            ("odd+bias", (333, 1000, True))):
+        rec.run(f"all_configs[{tag}]", _check_all_configs, rec, tag, N, K, hb)
+    rec.run("cuda_graph", _check_graph, rec)
+    rec.run("accuracy", _check_accuracy, rec, quick)
+    rec.run("backward", _check_backward, rec)
+
+
+# ------------------------------------------------------------------------------------------------
+# benchmarks
+# ------------------------------------------------------------------------------------------------
+def _time(rec, name, fn, graph=True):
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return bench.time_both(fn, graph=graph)
+    except Exception as e:
+        rec.errors.append(f"{name}: {type(e).__name__}: {e}"[:300])
+        return None
+
+
+def _rates(M, N, K, has_bias, t):
+    if not t:
+        return {}
+    flops = 2.0 * M * N * K
+    nbytes = 2.0 * (M * K + N * K + M * N + (N if has_bias else 0))
+    out = {}
+    for key in ("cold_us", "graph_us"):
+        if t.get(key):
+            out[f"tflops_{key[:-3]}"] = flops / (t[key] * 1e-6) / 1e12
+            out[f"tbps_{key[:-3]}"] = nbytes / (t[key] * 1e-6) / 1e12
+    return out
+
+
+def run_bench(rec, quick: bool = False) -> None:
+    torch.manual_seed(0)
+    gemm = _gemm()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ratios = {k: [] for k in ("small_m", "small_m_graph", "mid_m", "mid_m_graph", "large_m", "large_m_graph")}
+    shapes = SHAPES if not quick else {k: v for k, v in SHAPES.items() if k[0] == "qwen3-4b"}
+    Ms = BENCH_M if not quick else (1, 64, 4096)
+    for (model, layer), (N, K, has_bias) in shapes.items():
+        w = (torch.randn(N, K, device=DEV) / K ** 0.5).to(torch.bfloat16)
+        b = torch.randn(N, device=DEV).to(torch.bfloat16) if has_bias else None
+        for M in Ms:
+            x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+            ours = _time(rec, f"ours {model}/{layer}/M={M}", lambda: linear(x, w, b))
+            cub = _time(rec, f"cublas {model}/{layer}/M={M}", lambda: F.linear(x, w, b))
+            row = {"model": model, "layer": layer, "M": M, "N": N, "K": K, "bias": has_bias,
+                   "config": gemm.config_for(M, N, K, sms)["name"], "ours": ours, "cublas": cub,
+                   "ours_rates": _rates(M, N, K, has_bias, ours), "cublas_rates": _rates(M, N, K, has_bias, cub)}
+            if ours and cub:
+                row["ratio_cold"] = bench.ratio(cub, ours, "cold_us")
+                row["ratio_graph"] = bench.ratio(cub, ours, "graph_us")
+                bucket = "small_m" if M <= 64 else ("large_m" if M >= 1024 else "mid_m")
+                ratios[bucket].append(row["ratio_cold"])
+                ratios[bucket + "_graph"].append(row["ratio_graph"])
+            rec.bench(f"linear_{model}_{layer}_M{M}", **row)
+            del x
+        del w, b
+    # free-knob alternatives (informs the per-M table): TMA off, other stage counts
+    if not quick:
+        for (N, K), M in (((19456, 2560), 64), ((19456, 2560), 4096), ((5120, 2048), 4096), ((12288, 4096), 1),
+                          ((12288, 4096), 1024)):
+            x, w, _ = _data(M, N, K, seed=5)
+            base = gemm.config_for(M, N, K, sms)
+            variants = {"default": base}
+            if base["tma"]:
+                variants["no_tma"] = dict(base, tma=False)
+            for st in (3, 5, 7) if base["name"].startswith("large") else (4, 8, 12):
+                if st != base["num_stages"]:
+                    variants[f"stages{st}"] = dict(base, num_stages=st)
+            row = {"M": M, "N": N, "K": K, "config": base["name"]}
+            for vname, cfg in variants.items():
+                t = _time(rec, f"variant {vname}", lambda: gemm.linear(x, w, None, config=cfg), graph=False)
+                row[vname] = t["cold_us"] if t else None
+            cub = _time(rec, "cublas variant base", lambda: F.linear(x, w), graph=False)
+            row["cublas"] = cub["cold_us"] if cub else None
+            rec.bench(f"linear_knobs_M{M}_{N}x{K}", **row)
+    # the anchor shape [M,4096]x[4096,12288] of shared/reference/anchors.md
+    for M in ((1, 64, 1024, 8192) if not quick else (1, 1024)):
+        x, w, _ = _data(M, 12288, 4096, seed=6)
+        ours = _time(rec, "anchor ours", lambda: linear(x, w))
+        cub = _time(rec, "anchor cublas", lambda: F.linear(x, w))
+        rec.bench(f"linear_anchor_4096x12288_M{M}", M=M, ours=ours, cublas=cub,
+                  ours_rates=_rates(M, 12288, 4096, False, ours), cublas_rates=_rates(M, 12288, 4096, False, cub),
+                  ratio_cold=bench.ratio(cub, ours, "cold_us") if ours and cub else None)
+    rec.summarize("gemm_vs_cublas_small_m", ratios["small_m"])
+    rec.summarize("gemm_vs_cublas_small_m_graph", ratios["small_m_graph"])
+    rec.summarize("gemm_vs_cublas_mid_m", ratios["mid_m"])
+    rec.summarize("gemm_vs_cublas_mid_m_graph", ratios["mid_m_graph"])
+    rec.summarize("gemm_vs_cublas_large_m", ratios["large_m"])
+    rec.summarize("gemm_vs_cublas_large_m_graph", ratios["large_m_graph"])
