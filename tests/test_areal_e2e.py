@@ -41,7 +41,7 @@ def work(tmp_path_factory):
     return d
 
 
-def run_recipe(work, name, model, *overrides, timeout=900):
+def run_recipe(work, name, model, *overrides, batch=2, timeout=900):
     from areal_tik_plugin.integrations.areal.env import with_cpu_stubs
 
     out = work / name
@@ -53,7 +53,7 @@ def run_recipe(work, name, model, *overrides, timeout=900):
     cmd = [sys.executable, "-m", "areal_tik_plugin.run", "--spmd", "--log-dir", str(out),
            os.path.join(ROOT, "recipes", "gsm8k_rl.py"), "--config", os.path.join(ROOT, "recipes", "gsm8k", "config.yaml"),
            "model=cpu-tiny", "algorithm=grpo", "staleness=s0", f"cluster.fileroot={out}/fr",
-           f"cluster.name_resolve.nfs_record_root={out}/nr", "train_dataset.batch_size=2",
+           f"cluster.name_resolve.nfs_record_root={out}/nr", f"train_dataset.batch_size={batch}",
            "gconfig.max_new_tokens=8", f"trial_name={name}", *overrides]
     log = out / "run.log"
     with open(log, "w") as f:
@@ -104,8 +104,9 @@ def test_plugin_reuse_is_bitwise_exact_qwen3(work):
 
 
 def test_plugin_moe_monitor_catches_planted_drift_and_falls_back(work):
+    # one prompt x 2 samples (still 2 sequences packed per micro-batch): MoE kernels are the slowest
     meta, rows, log = run_recipe(work, "tik-moe-drift", "qwen3_moe", "mode=tik", "tik.monitor_every=1",
-                                 "tik.plant_drift_step=1")
+                                 "tik.plant_drift_step=1", batch=1)
     assert "patched Qwen3MoeForCausalLM" in log
     r0, r1, r2 = rows
     assert r0[IW[0]] == r0[IW[1]] == 1.0 and r0["tik/mismatch/mismatched_tokens"] == 0
