@@ -225,9 +225,9 @@ def _ref_block(x, router, wgu, wd, ids, norm):
     return out
 
 
-@pytest.mark.parametrize("norm", (True, False))
-def test_block_gradients_vs_fp64(norm):
-    dtype = torch.bfloat16
+@pytest.mark.parametrize("norm,dtype", ((True, torch.bfloat16), (False, torch.bfloat16), (True, torch.float16)))
+def test_block_gradients_vs_fp64(norm, dtype):
+    """bf16: torch grouped-GEMM backward; fp16: the per-expert loop."""
     router, wgu, wd = _weights(dtype, seed=17)
     x = _x(29, dtype, seed=18)
     params = [t.clone().requires_grad_() for t in (x, router, wgu, wd)]
@@ -255,6 +255,26 @@ def test_experts_weight_grad_only():
     y = torch.stack([_ref_experts(x, wgu, wd, torch.eye(K_TOP)[j].expand(7, K_TOP), ids, dtype).sum(-1)
                      for j in range(K_TOP)], 1)
     torch.testing.assert_close(dw.double(), y, atol=5e-2, rtol=2e-2)
+
+
+def test_backward_grouped_matches_loop_with_empty_experts():
+    moe = get_implementation().module("moe")
+    dtype = torch.bfloat16
+    _, wgu, wd = _weights(dtype, seed=22)
+    T = 9
+    x = _x(T, dtype, seed=23)
+    ids = torch.tensor([[1, 4], [4, 1]] * 4 + [[4, 6]], dtype=torch.int32)  # experts 0, 2, 3, 5, 7 empty
+    w = torch.rand(T, K_TOP)
+    out, (y, sorted_ids, counts) = moe.experts(x, wgu, wd, w, ids, return_intermediate=True)
+    gy = torch.randn(T, H).to(dtype)
+    dy = (w.unsqueeze(-1) * gy.float().unsqueeze(1)).to(dtype).view(-1, H)
+    got = moe._experts_backward_grouped(x, wgu, wd, dy, sorted_ids, counts, K_TOP, True, True, True)
+    ref = moe._experts_backward_loop(x, wgu, wd, dy, sorted_ids, counts, K_TOP, True, True, True)
+    for name, a, r in zip(("dx", "d_gate_up", "d_down"), got, ref):
+        assert a.shape == r.shape and a.dtype == r.dtype, name
+        torch.testing.assert_close(a.float(), r.float(), atol=2e-2, rtol=2e-2)
+    for e in (0, 2, 3, 5, 7):
+        assert not got[1][e].any() and not got[2][e].any(), f"expert {e} received no rows: zero grads"
 
 
 # ------------------------------------------------------------------------------------------------

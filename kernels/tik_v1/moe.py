@@ -205,8 +205,9 @@ def _moe_gate_up_kernel(
     rn = tl.where(offs_n < I, offs_n, 0).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = X + tok[:, None] * stride_xt + offs_k[None, :]
-    wg_ptrs = Wgu + e.to(tl.int64) * stride_we + rn[:, None] * stride_wn + offs_k[None, :]
-    wu_ptrs = wg_ptrs + I.to(tl.int64) * stride_wn
+    w_base = Wgu + e.to(tl.int64) * stride_we
+    wg_ptrs = w_base + rn[:, None] * stride_wn + offs_k[None, :]        # gate rows [0, I)
+    wu_ptrs = w_base + (rn + I)[:, None] * stride_wn + offs_k[None, :]  # up rows [I, 2I)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -364,11 +365,22 @@ def experts(x, w_gate_up, w_down, topk_weights, topk_ids, config=None, return_in
     return out
 
 
+def _grouped_mm_ok(t) -> bool:
+    """torch's grouped GEMM (bf16; CUDA sm80+ or CPU) for the backward."""
+    import torch.nn.functional as F
+
+    if not hasattr(F, "grouped_mm") or t.dtype != torch.bfloat16:
+        return False
+    return t.device.type == "cpu" or torch.cuda.get_device_capability(t.device) >= (8, 0)
+
+
 def experts_backward(grad_out, x, w_gate_up, w_down, topk_weights, topk_ids, y, sorted_ids, counts,
                      need_dx, need_dwgu, need_dwd, need_dw):
-    """Backward of :func:`experts` with torch ops (cuBLAS); no invariance requirement.
+    """Backward of :func:`experts` with torch ops; no invariance requirement.
 
-    Loops over the experts that received rows (one host sync for the counts)."""
+    bf16: torch grouped GEMMs over the expert-sorted rows (no host sync); otherwise a loop over the
+    experts that received rows (one host sync for the counts). dx is summed over the k slots in
+    slot order (deterministic)."""
     T, H = x.shape
     E, I2, _ = w_gate_up.shape
     I = I2 // 2
@@ -383,6 +395,23 @@ def experts_backward(grad_out, x, w_gate_up, w_down, topk_weights, topk_ids, y, 
     if not (need_dx or need_dwgu or need_dwd):
         return dx, dwgu, dwd, d_w
     dy = (topk_weights.float().unsqueeze(-1) * go.unsqueeze(1)).to(dt).view(n, H)
+    if _grouped_mm_ok(x):
+        try:
+            return _experts_backward_grouped(x, w_gate_up, w_down, dy, sorted_ids, counts, k,
+                                             need_dx, need_dwgu, need_dwd) + (d_w,)
+        except RuntimeError as e:  # a layout/alignment torch's grouped GEMM refuses: loop instead
+            import warnings
+
+            warnings.warn(f"moe backward: torch grouped_mm failed ({e}); using the per-expert loop")
+    return _experts_backward_loop(x, w_gate_up, w_down, dy, sorted_ids, counts, k,
+                                  need_dx, need_dwgu, need_dwd) + (d_w,)
+
+
+def _experts_backward_loop(x, w_gate_up, w_down, dy, sorted_ids, counts, k, need_dx, need_dwgu, need_dwd):
+    T, H = x.shape
+    E, I2, _ = w_gate_up.shape
+    I = I2 // 2
+    n = T * k
     dxa = torch.zeros((n, H), device=x.device, dtype=torch.float32) if need_dx else None
     dwgu = torch.zeros_like(w_gate_up) if need_dwgu else None
     dwd = torch.zeros_like(w_down) if need_dwd else None
@@ -396,23 +425,57 @@ def experts_backward(grad_out, x, w_gate_up, w_down, topk_weights, topk_ids, y, 
         a = sorted_long[start:start + c]
         start += c
         xe = x[a // k]
-        gu = xe @ w_gate_up[e].t()
-        g, u = gu[:, :I].float(), gu[:, I:].float()
-        sg = torch.sigmoid(g)
-        silu = g * sg
-        act = (silu * u).to(dt)
         dye = dy[a]
+        gu = xe @ w_gate_up[e].t()
+        dact = dye @ w_down[e] if (need_dx or need_dwgu) else None
+        act, dgu = _silu_mul_grad(gu, dact, I)
         if need_dwd:
-            dwd[e] = (dye.t() @ act).to(dwd.dtype)
-        if need_dx or need_dwgu:
-            dact = (dye @ w_down[e]).float()
-            d_u = dact * silu
-            d_g = dact * u * sg * (1.0 + g * (1.0 - sg))
-            dgu = torch.cat([d_g, d_u], dim=1).to(dt)
-            if need_dwgu:
-                dwgu[e] = (dgu.t() @ xe).to(dwgu.dtype)
-            if need_dx:
-                dxa[a] = (dgu @ w_gate_up[e]).float()
+            dwd[e] = dye.t() @ act
+        if need_dwgu:
+            dwgu[e] = dgu.t() @ xe
+        if need_dx:
+            dxa[a] = (dgu @ w_gate_up[e]).float()
+    dx = dxa.view(T, k, H).sum(1).to(x.dtype) if need_dx else None
+    return dx, dwgu, dwd
+
+
+def _silu_mul_grad(gu, dact, I):
+    """act = silu(g) * u (fp32 math): returns (act in gu.dtype, d[g, u] in gu.dtype)."""
+    g, u = gu[:, :I].float(), gu[:, I:].float()
+    sg = torch.sigmoid(g)
+    silu = g * sg
+    act = (silu * u).to(gu.dtype)
+    if dact is None:
+        return act, None
+    dact = dact.float()
+    dgu = torch.cat([dact * u * sg * (1.0 + g * (1.0 - sg)), dact * silu], dim=1).to(gu.dtype)
+    return act, dgu
+
+
+def _experts_backward_grouped(x, w_gate_up, w_down, dy, sorted_ids, counts, k, need_dx, need_dwgu, need_dwd):
+    import torch.nn.functional as F
+
+    T, H = x.shape
+    E, I2, _ = w_gate_up.shape
+    I = I2 // 2
+    n = T * k
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    s = sorted_ids.long()
+    xs = x[s // k]
+    dys = dy[s]
+    gu = F.grouped_mm(xs, w_gate_up.transpose(1, 2), offs=offs)           # [n, 2I]
+    empty = (counts == 0).view(E, 1, 1)
+    dwd = dwgu = dx = None
+    need_dgu = need_dx or need_dwgu
+    dact = F.grouped_mm(dys, w_down, offs=offs) if need_dgu else None       # [n, I]
+    act, dgu = _silu_mul_grad(gu, dact, I)
+    if need_dwd:
+        dwd = F.grouped_mm(dys.t(), act, offs=offs).masked_fill_(empty, 0).to(w_down.dtype)      # [E, H, I]
+    if need_dwgu:
+        dwgu = F.grouped_mm(dgu.t(), xs, offs=offs).masked_fill_(empty, 0).to(w_gate_up.dtype)   # [E, 2I, H]
     if need_dx:
-        dx = dxa.view(T, k, H).sum(1).to(dt)
-    return dx, dwgu, dwd, d_w
+        dxs = F.grouped_mm(dgu, w_gate_up, offs=offs)                       # [n, H]
+        dxa = torch.empty((n, H), device=x.device, dtype=dxs.dtype)
+        dxa[s] = dxs
+        dx = dxa.view(T, k, H).float().sum(1).to(x.dtype)
+    return dx, dwgu, dwd
