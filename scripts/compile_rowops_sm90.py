@@ -7,7 +7,8 @@ before a GPU run. It also checks what the token-invariance argument relies on, s
 
 * the layout of every ``tt.reduce`` in the RMSNorm forward is the same for the plain and the fused
   residual kernel, for a 2-D and a per-head 3-D call, and for row counts 1, 17, 4096;
-* the log-prob chunk kernel compiles to the same TTGIR for any row count and row stride;
+* the log-prob chunk reduction has the same layout for any row count, row stride and logits dtype
+  (bf16 logits and their fp32 copy must give the same bits);
 * no ``fma`` outside libdevice calls where FP contraction must be off (PTX ``fma.rn`` count reported).
 
 Usage: ``python scripts/compile_rowops_sm90.py [--impl kernels/tik_v1] [--quick]``. Exit 1 on failure.
@@ -151,6 +152,7 @@ def main(argv=None) -> int:
             "plain M=17": lambda: rms.forward(torch.empty(17, H, dtype=bf16), w, 1e-6),
             "plain M=4096": lambda: rms.forward(torch.empty(4096, H, dtype=bf16), w, 1e-6),
             "per-head strided": lambda: rms.forward(torch.empty(17, 48, H, dtype=bf16)[:, 8:40], w, 1e-6),
+            "row stride H+8": lambda: rms.forward(torch.empty(17, H + 8, dtype=bf16)[:, :H], w, 1e-6),
             "fused residual": lambda: rms.forward(torch.empty(17, H, dtype=bf16), w, 1e-6,
                                                   residual=torch.empty(17, H, dtype=bf16)),
         }.items():
@@ -197,6 +199,8 @@ def main(argv=None) -> int:
             "T=33 strided": lambda: lp.forward(torch.empty(33, Vn + 64, dtype=bf16)[:, :Vn], torch.zeros(33, dtype=torch.int64), 0.7),
             "per-row T": lambda: lp.forward(torch.empty(16, Vn, dtype=bf16), torch.zeros(16, dtype=torch.int64),
                                            torch.ones(16, dtype=torch.float32)),
+            "fp32 logits": lambda: lp.forward(torch.empty(5, Vn, dtype=torch.float32), torch.zeros(5, dtype=torch.int64), 1.0),
+            "fp16 logits": lambda: lp.forward(torch.empty(5, Vn, dtype=torch.float16), torch.zeros(5, dtype=torch.int64), 1.0),
         }.items():
             for name, c in compile_all(f"logprob V={Vn} {label}", fn):
                 if name == "_logprob_partial_kernel":

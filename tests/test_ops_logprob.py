@@ -99,6 +99,15 @@ def test_tensor_temperature_equals_float():
         assert_bitwise(mixed[i:i + 1], ops.token_logprobs(x[i:i + 1], tok[i:i + 1], float(temps[i])), f"row {i}")
 
 
+def test_fp32_copy_of_bf16_logits_same_bits():
+    """SGLang may hand the sampler an fp32 copy of the bf16 logits the trainer sees: same bits."""
+    x, tok = make(17, 10000, seed=8)
+    a, ea = ops.token_logprobs(x, tok, 0.7, return_entropy=True)
+    b, eb = ops.token_logprobs(x.float(), tok, 0.7, return_entropy=True)
+    assert_bitwise(b, a, "fp32 copy vs bf16 logp")
+    assert_bitwise(eb, ea, "fp32 copy vs bf16 entropy")
+
+
 def test_autograd_forward_equals_inference_forward():
     x, tok = make(17, 10000, seed=4)
     logp, ent = ops.token_logprobs(x, tok, 0.9, return_entropy=True)

@@ -1,9 +1,10 @@
 """GPU contract checks and benchmarks for the token log-prob / entropy op (vocab 151936, Qwen2.5/Qwen3).
 
 Checks (bitwise): rows of a 16384-row call == the same rows in calls of 1..4096 rows (start / middle /
-end) and shuffled; padded-vocab strided view == contiguous; per-row fp32 temperature tensor (the
-SGLang sampler) == float temperature (the trainer); with/without entropy; autograd forward ==
-inference forward; free launch knobs; CUDA-graph replay == eager. Accuracy vs fp64 (and not worse
+end) and shuffled; padded-vocab strided view == contiguous; an fp32 copy of bf16 logits == the bf16
+logits; per-row fp32 temperature tensor (the SGLang sampler) == float temperature (the trainer);
+with/without entropy; autograd forward == inference forward; free launch knobs; CUDA-graph replay ==
+eager. Accuracy vs fp64 (and not worse
 than torch's fp32 log_softmax); gradients (log-prob and entropy) vs fp64.
 Benchmarks: vs the AReaL-style torch path (log_softmax(logits.float() / T).gather in 1024-row chunks),
 forward and training forward+backward; TB/s.
@@ -74,6 +75,9 @@ def _check_rows(rec, quick):
     del pad
     rec.bitwise("per_row_temperature_tensor_eq_float",
                 token_logprobs(x, tok, torch.full((n,), temp, device=DEV)), lp)
+    a, b = token_logprobs(x[:1024].float(), tok[:1024], temp, return_entropy=True)
+    rec.bitwise("fp32_copy_of_bf16_logits_logp", a, lp[:1024])
+    rec.bitwise("fp32_copy_of_bf16_logits_entropy", b, ent[:1024])
     xg = x[:257].clone().requires_grad_()
     a, b = token_logprobs(xg, tok[:257], temp, return_entropy=True)
     rec.bitwise("autograd_forward_eq_inference", a.detach(), lp[:257])

@@ -71,6 +71,9 @@ LOGPROB_VOCAB_CHUNK = 4096
 # (the tl.sum tree depends on it); s = float(logit) * div_rn(1, T); merged left to right by
 # logprob._merge on every path.
 LOGPROB_CHUNK_WARPS = 4
+# Columns are loaded in runs of LOGPROB_LOAD_GROUP contiguous elements for every logits dtype, so a
+# chunk's register layout (and sum tree) is the same for bf16 logits and their fp32 copy.
+LOGPROB_LOAD_GROUP = 4
 
 COUPLED = {
     "ATTN_KV_TILE": (32, 64, 128),
@@ -89,4 +92,5 @@ COUPLED.update({
 COUPLED.update({
     "RMSNORM_TILE_ELEMS": (1024, 2048, 4096, 8192),
     "LOGPROB_CHUNK_WARPS": (2, 4, 8),
+    "LOGPROB_LOAD_GROUP": (2, 4),
 })

@@ -10,7 +10,8 @@ The one op that the SGLang sampler patch and the trainer both call. For a row x 
     lse  = M + log(L);  logp = s[token] - lse;  entropy = log(L) - A / L
 
 Token invariance: the chunk partials are computed by one program per (row, chunk) with a fixed tile
-(LOGPROB_VOCAB_CHUNK columns, LOGPROB_CHUNK_WARPS warps) and merged per row by an elementwise loop,
+(LOGPROB_VOCAB_CHUNK columns, LOGPROB_CHUNK_WARPS warps, loads of LOGPROB_LOAD_GROUP contiguous
+columns whatever the logits dtype) and merged per row by an elementwise loop,
 the same for every number of rows; the forward never changes with ``return_entropy`` or autograd
 (the entropy and lse are always computed). Row strides and counts are not specialized (``_rowops``).
 
@@ -48,13 +49,17 @@ def _inv_temperature(TEMP, row, row_ok, temp_scalar, PER_ROW_T: tl.constexpr):
 @triton.jit(do_not_specialize=["n_rows", "sx"])
 def _logprob_partial_kernel(
     X, TEMP, WS, n_rows, sx, temp_scalar,
-    V: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
+    V: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, GROUP: tl.constexpr,
     PER_ROW_T: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
     inv = _inv_temperature(TEMP, row + tl.zeros((1,), tl.int32), True, temp_scalar, PER_ROW_T)
-    cols = c * CHUNK + tl.arange(0, CHUNK)
+    j = tl.arange(0, CHUNK)
+    # runs of GROUP contiguous columns: the compiler sees the same contiguity for bf16/fp16/fp32
+    # logits, so the register layout and hence the sum tree of a chunk do not depend on the dtype
+    # (SGLang may hand the sampler fp32 copies of the trainer's bf16 logits)
+    cols = c * CHUNK + (j // GROUP) * GROUP + j % GROUP
     ok = cols < V
     x = tl.load(X + row.to(tl.int64) * (sx * VEC) + cols, mask=ok, other=float("-inf"))
     s = x.to(tl.float32) * inv
@@ -173,7 +178,8 @@ def forward(logits, tokens, temperature=1.0):
     temp, t_scalar, per_row = _temp_args(temperature, T, dev)
     sx = x.stride(0) // vec
     _logprob_partial_kernel[(T, nc)](
-        x, temp, ws, T, sx, t_scalar, V=V, NC=nc, CHUNK=chunk, VEC=vec, PER_ROW_T=per_row,
+        x, temp, ws, T, sx, t_scalar, V=V, NC=nc, CHUNK=chunk, VEC=vec, GROUP=C.LOGPROB_LOAD_GROUP,
+        PER_ROW_T=per_row,
         **launch_opts(C.LOGPROB_CHUNK_WARPS),
     )
     _logprob_merge_kernel[(triton.cdiv(T, MERGE_ROWS),)](
