@@ -18,7 +18,7 @@ from areal_tik_plugin.ops import swiglu, swiglu_fused
 N_FULL = 16384   # rows of the full-sequence call
 N_ACC = 4096     # rows of the accuracy / free-knob checks
 N_BWD = 1024     # rows of the gradient checks
-TOL = {torch.bfloat16: (1e-5, 2 ** -8), torch.float16: (1e-5, 2 ** -10), torch.float32: (1e-6, 1e-6)}
+TOL = {torch.bfloat16: (1e-5, 2 ** -8), torch.float16: (1e-5, 2 ** -10), torch.float32: (2e-6, 4e-6)}  # GPU exp: ex2.approx
 TOL_GRAD = {torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
 

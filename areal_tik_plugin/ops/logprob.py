@@ -85,6 +85,9 @@ def token_logprobs(logits, tokens, temperature=1.0, return_entropy=False):
         lo, hi = int(tok.min()), int(tok.max())
         if lo < 0 or hi >= Vn:
             raise ValueError(f"tokens: expected values in [0, {Vn}), got min {lo} max {hi}")
-    logp, ent = _TokenLogprobs.apply(x, tok, temperature, temp_tensor)
+    if torch.is_grad_enabled() and x.requires_grad:
+        logp, ent = _TokenLogprobs.apply(x, tok, temperature, temp_tensor)
+    else:  # inference (SGLang sampler): the same kernels without autograd bookkeeping
+        logp, ent, _ = _impl().forward(x, tok, temp_tensor if temp_tensor is not None else temperature)
     logp, ent = logp.view(lead), ent.view(lead)
     return (logp, ent) if return_entropy else logp

@@ -26,6 +26,10 @@ def _impl():
     return get_implementation().module("rmsnorm")
 
 
+def _needs_grad(*ts):
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
 def _check(x, weight, eps):
     V.tensor("x", x, dtypes=FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
     if x.dim() < 1:
@@ -90,6 +94,8 @@ def rms_norm(x, weight, eps):
     Tensor like x (contiguous, x.dtype); differentiable w.r.t. x and weight.
     """
     eps = _check(x, weight, eps)
+    if not _needs_grad(x, weight):  # inference (SGLang): the same kernel without autograd bookkeeping
+        return _impl().forward(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)
 
 
@@ -111,4 +117,6 @@ def rms_norm_residual(x, residual, weight, eps):
     V.tensor("residual", residual, dtypes=(x.dtype,), device=x.device, contiguous_last=True, allow_empty=True)
     if residual.shape != x.shape:
         raise ValueError(f"residual: expected shape {tuple(x.shape)} (same as x), got {tuple(residual.shape)}")
+    if not _needs_grad(x, residual, weight):
+        return _impl().forward(x, weight, eps, residual=residual)
     return _RMSNormResidual.apply(x, residual, weight, eps)

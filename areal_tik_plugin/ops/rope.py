@@ -83,4 +83,6 @@ def apply_rope(q, k, positions, inv_freq, attention_scaling=1.0):
         lo, hi = int(positions.min()), int(positions.max())
         if lo < 0 or hi >= MAX_EXACT_POSITION:
             raise ValueError(f"positions: expected values in [0, {MAX_EXACT_POSITION}), got min {lo} max {hi}")
+    if not (torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))):
+        return _impl().forward(q, k, positions, inv_freq, scaling)
     return _Rope.apply(q, k, positions, inv_freq, scaling)

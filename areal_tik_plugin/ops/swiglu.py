@@ -64,6 +64,8 @@ def swiglu(gate, up):
         raise ValueError("gate: expected a tensor [..., I], got a scalar")
     if up.shape != gate.shape:
         raise ValueError(f"up: expected shape {tuple(gate.shape)} (same as gate), got {tuple(up.shape)}")
+    if not (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
+        return _impl().forward(gate, up)
     return _SwiGLU.apply(gate, up)
 
 
@@ -81,4 +83,6 @@ def swiglu_fused(gate_up):
     V.tensor("gate_up", gate_up, dtypes=FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
     if gate_up.dim() < 1 or gate_up.shape[-1] % 2:
         raise ValueError(f"gate_up: expected a tensor [..., 2I] with an even last dim, got shape {tuple(gate_up.shape)}")
+    if not (torch.is_grad_enabled() and gate_up.requires_grad):
+        return _impl().forward_fused(gate_up)
     return _SwiGLUFused.apply(gate_up)
