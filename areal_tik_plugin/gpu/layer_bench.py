@@ -70,8 +70,6 @@ def _sync():
 
 def _first_working(make, tag, notes):
     """``make(backends)`` -> fn; the first SDPA backend whose fn runs (cuDNN first)."""
-    import torch
-
     last = None
     for name, bk in _sdpa_backends():
         fn = make(bk)
@@ -121,8 +119,6 @@ def build_layer(name: str, dtype=None, device="cuda"):
 
 
 def _time(fn, *, graph: bool, errors: list, tag: str):
-    import torch
-
     from areal_tik_plugin import bench
 
     try:
@@ -364,7 +360,6 @@ def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT
         except Exception as e:
             errors.append(f"totals@{R}: {type(e).__name__}: {e}"[:300])
         results.append(row)
-        del x, gout
         torch.cuda.empty_cache()
     out["results"] = results
     return out
