@@ -1,0 +1,121 @@
+"""SGLang plugin plumbing (no Engine): entry point, registration, hooks inactive until the
+``tik`` backend is built, per-request seeds, the sampler's log-prob op, the launcher's spawn targets."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import sys
+
+import pytest
+import torch
+
+if importlib.util.find_spec("sglang") is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("sglang is not installed: .ci/install_sglang.sh should have installed it")
+    pytest.skip("sglang not installed (run .ci/install_sglang.sh VENV)", allow_module_level=True)
+
+from areal_tik_plugin.integrations import sglang_check as SC  # noqa: E402
+from areal_tik_plugin.integrations import sglang_layers as L  # noqa: E402
+
+# Checks that import SGLang run in a child process: importing SGLang patches transformers / torch
+# state, which must not leak into the other test modules of the same pytest session.
+_IN_CHILD = r"""
+import importlib.metadata, sys
+from areal_tik_plugin.integrations import sglang_plugin, sglang_launch
+from areal_tik_plugin.integrations import sglang_layers as L
+from areal_tik_plugin.integrations.sglang_backend import create_tik_backend
+
+eps = [e for e in importlib.metadata.entry_points(group="sglang.srt.plugins") if e.name == "tik"]
+assert eps and eps[0].value == "areal_tik_plugin.integrations.sglang_plugin:load", eps
+assert eps[0].load() is sglang_plugin.load
+
+sglang_plugin.register(apply_now=True)
+sglang_plugin.register(apply_now=True)  # idempotent
+from sglang.srt.arg_groups import choices as C
+from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+assert ATTENTION_BACKENDS["tik"] is create_tik_backend
+for lst in (C.ATTENTION_BACKEND_CHOICES, C.DETERMINISTIC_ATTENTION_BACKEND_CHOICES,
+            C.RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND):
+    assert lst.count("tik") == 1, lst
+
+# hooks installed, inactive until the tik backend is built
+from sglang.kernels.spec import KernelBackend
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.sampler import Sampler
+from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+assert not L.is_active()
+assert getattr(Sampler.forward, "__wrapped__", None) is not None
+assert getattr(UnquantizedLinearMethod.apply, "__wrapped__", None) is not None
+assert RMSNorm.forward_plugin.__name__ == "forward_plugin"  # traced as "plugin"
+assert KernelBackend.PLUGIN not in RMSNorm.capabilities  # declared only on activation
+
+# launcher: SGLang's spawn targets become this package's module-level wrappers
+from sglang.srt.entrypoints.engine import Engine
+from sglang.srt.managers import scheduler
+keep = {"orig": scheduler.run_scheduler_process}  # not a module global: install() rebinds those
+sglang_launch.install()
+assert scheduler.run_scheduler_process is sglang_launch.run_scheduler_process
+assert Engine.run_scheduler_process_func is sglang_launch.run_scheduler_process
+assert sglang_launch._ORIG["scheduler"] is keep["orig"]
+print("CHILD-OK")
+"""
+
+
+def test_registration_hooks_and_launcher_in_child():
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", _IN_CHILD], env=SC.child_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "CHILD-OK" in r.stdout, (r.stdout[-3000:], r.stderr[-3000:])
+
+
+def test_request_seeds_distinct_and_stable():
+    seeds = [L.request_seed(f"rid-{i}") for i in range(64)]
+    assert len(set(seeds)) == 64
+    assert seeds[3] == L.request_seed("rid-3")
+    assert all(0 <= s < 2 ** 62 for s in seeds)
+
+
+def test_sampler_logprob_rows_bitwise_equal_trainer_float_temperature():
+    """The sampler passes per-row fp32 temperatures; the trainer a float: same bits per row."""
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(5, 301, generator=g) * 3).to(torch.bfloat16).float()
+    toks = torch.randint(0, 301, (5,), generator=g)
+    temps = torch.tensor([1.0, 0.7, 1.0, 1.3, 0.7], dtype=torch.float32)
+    rows = L.token_logprobs_rows(logits, toks, temps)
+    from areal_tik_plugin import ops
+
+    for i in range(5):
+        one = ops.token_logprobs(logits[i:i + 1].to(torch.bfloat16), toks[i:i + 1], temperature=float(temps[i]))
+        assert torch.equal(rows[i:i + 1].view(torch.int32), one.view(torch.int32))
+
+
+def test_inv_freq_matches_hf_default():
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    cfg = Qwen3Config(hidden_size=128, num_attention_heads=4, head_dim=32,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    hf = Qwen3RotaryEmbedding(cfg).inv_freq
+    ours = L.hf_default_inv_freq(10000.0, 32)
+    assert ours.dtype == torch.float32 and torch.equal(ours.view(torch.int32), hf.view(torch.int32))
+
+
+def test_launcher_spawn_targets_pickle_by_module_name():
+    from areal_tik_plugin.integrations import sglang_launch
+
+    for fn in (sglang_launch.run_scheduler_process, sglang_launch.run_data_parallel_controller_process):
+        data = pickle.dumps(fn)
+        assert b"areal_tik_plugin.integrations.sglang_launch" in data
+        assert pickle.loads(data) is fn
+
+
+def test_summarize_flags_missing_and_foreign_paths():
+    stats = [{"active": True, "counts": {k: 1 for k in SC.DENSE_OPS},
+              "fused_op_trace": {"RMSNorm|plugin": 3, "SiluAndMul|torch": 1}}]
+    s = SC.summarize(stats, moe=False)
+    assert not s["missing"] and s["other_paths"] == {"SiluAndMul|torch": 1} and not s["ok"]
+    s = SC.summarize(stats, moe=True)
+    assert s["missing"] == ["moe_route", "moe_experts"]
