@@ -21,6 +21,13 @@ import sys
 
 import pytest
 
+# AReaL 1.0.4 imports swanlab/trackio unconditionally: put the plugin's import stubs on sys.path when
+# the real packages are absent (only these two; SGLang's torchvision stub stays out of this process)
+from areal_tik_plugin.integrations.areal.env import areal_stub_path  # noqa: E402
+
+if areal_stub_path() and areal_stub_path() not in sys.path:
+    sys.path.insert(0, areal_stub_path())
+
 pytest.importorskip("areal")
 pytest.importorskip("sglang")
 pytestmark = pytest.mark.slow

@@ -8,12 +8,17 @@ import os
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def areal_stub_path() -> str | None:
+    """The swanlab/trackio stub folder, when either real package is absent (else None)."""
+    if importlib.util.find_spec("swanlab") is None or importlib.util.find_spec("trackio") is None:
+        return os.path.join(_HERE, "_cpu_stubs")
+    return None
+
+
 def cpu_stub_paths() -> list[str]:
     """Folders to put on PYTHONPATH so AReaL 1.0.4 and SGLang import on a CPU machine: only
     where the real packages (swanlab, trackio; torchvision, vllm) are absent."""
-    paths = []
-    if importlib.util.find_spec("swanlab") is None or importlib.util.find_spec("trackio") is None:
-        paths.append(os.path.join(_HERE, "_cpu_stubs"))
+    paths = [p for p in [areal_stub_path()] if p]
     try:
         from areal_tik_plugin.integrations import sglang_env
 
