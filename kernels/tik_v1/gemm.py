@@ -96,7 +96,12 @@ def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl
 
 @triton.jit
 def _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS: tl.constexpr):
-    """The one place where a bias is applied: fp32 add after the whole K loop."""
+    """The one place where a bias is applied: fp32 add after the whole K loop.
+
+    ``acc + 0.0`` first turns a -0.0 sum into +0.0: on sm_90 the first wgmma of a chain may run
+    without the (zero) accumulator while mma.sync adds it, which can differ only in the sign of an
+    exactly-zero row (all products -0.0); every other value is unchanged."""
+    acc = acc + 0.0
     if HAS_BIAS:
         b = tl.load(Bias + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
         acc = acc + b[None, :]

@@ -228,8 +228,8 @@ def _moe_gate_up_kernel(
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
     dt = Act.dtype.element_ty
-    g = acc_g.to(dt).to(tl.float32)
-    u = acc_u.to(dt).to(tl.float32)
+    g = (acc_g + 0.0).to(dt).to(tl.float32)  # + 0.0: signed-zero canonicalization, see gemm.py
+    u = (acc_u + 0.0).to(dt).to(tl.float32)
     act = tl.div_rn(g, 1.0 + tl.exp(-g)) * u
     rows = (row0 + offs_r).to(tl.int64)
     tl.store(Act + rows[:, None] * stride_act + offs_n[None, :], act.to(dt),
@@ -270,7 +270,7 @@ def _moe_down_kernel(
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     a_idx = tl.load(Sorted + row0 + offs_r, mask=r_ok, other=0).to(tl.int64)
-    tl.store(Y + a_idx[:, None] * stride_y + offs_n[None, :], acc.to(Y.dtype.element_ty),
+    tl.store(Y + a_idx[:, None] * stride_y + offs_n[None, :], (acc + 0.0).to(Y.dtype.element_ty),
              mask=r_ok[:, None] & (offs_n[None, :] < H))
 
 
