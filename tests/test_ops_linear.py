@@ -85,6 +85,17 @@ def test_leading_dims_and_strided_x():
     _assert_bits(ops.linear(wide[:, 32:224], w, b), full, "row-strided x")
 
 
+def test_zero_rows_give_plus_zero():
+    x, w, _ = _data(40, 192, 48, torch.bfloat16, seed=11)
+    x[[0, 9]] = 0.0
+    x[3] = -0.0
+    w = -(w.abs() + 0.01).to(torch.bfloat16)  # every product of a zero row is -0.0
+    y = ops.linear(x, w)
+    assert bool((_bits(y[[0, 3, 9]]) == 0).all())
+    for i in (0, 3, 9):
+        _assert_bits(ops.linear(x[i:i + 1], w), y[i:i + 1], f"zero row {i}")
+
+
 def test_empty_rows():
     _, w, b = _data(1, 64, 16, torch.bfloat16)
     y = ops.linear(torch.empty(0, 64, dtype=torch.bfloat16), w, b)

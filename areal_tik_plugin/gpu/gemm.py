@@ -84,6 +84,19 @@ def _check_rows_vs_m1(rec, tag, N, K, has_bias, Ms, dtype=torch.bfloat16):
     rec.bitwise(f"strided_x[{tag}]", linear(wide[:, 32:32 + K], w, b), linear(x[:64], w, b))
 
 
+def _check_zero_rows(rec):
+    """All-zero input rows against all-negative weights (every product -0.0): +0.0 on every path."""
+    N, K = 5120, 2048
+    x = torch.randn(1024, K, device=DEV).to(torch.bfloat16)
+    x[[0, 5, 1023]] = 0.0
+    x[7] = -0.0
+    w = -(torch.rand(N, K, device=DEV) + 0.01).to(torch.bfloat16)
+    full = linear(x, w)
+    for i in (0, 5, 7, 1023):
+        rec.bitwise(f"zero_row_vs_m1[{i}]", full[i:i + 1], linear(x[i:i + 1], w))
+    rec.check("zero_rows_are_plus_zero", bool((full[[0, 5, 7, 1023]].view(torch.int16) == 0).all()))
+
+
 def _check_all_configs(rec, tag, N, K, has_bias, M=300):
     """Every free-knob configuration (incl. TMA on/off) gives the default configuration's bits."""
     gemm = _gemm()
@@ -196,6 +209,7 @@ def run_checks(rec, quick: bool = False) -> None:
                             ("1.5b-qkv+bias", SHAPES[("qwen2.5-1.5b", "qkv")]),
                             ("odd+bias", (333, 1000, True))):
         rec.run(f"all_configs[{tag}]", _check_all_configs, rec, tag, N, K, hb)
+    rec.run("zero_rows", _check_zero_rows, rec)
     rec.run("cuda_graph", _check_graph, rec)
     rec.run("accuracy", _check_accuracy, rec, quick)
     rec.run("backward", _check_backward, rec)
