@@ -5,6 +5,7 @@ Token invariance (see ``contract.py``): every output row is
     acc = 0 (fp32)
     for k0 in 0, GEMM_BLOCK_K, 2*GEMM_BLOCK_K, ...:      # increasing K, never split across programs
         acc = tl.dot(x[row, k0:k0+BK], W[:, k0:k0+BK]^T, acc)
+    acc = acc + 0.0                                      # -0.0 -> +0.0 (see _bias_epilogue)
     acc = acc + float32(bias)                            # only when a bias is given
     y[row] = acc.to(x.dtype)
 
