@@ -45,9 +45,10 @@ KV_WRITE_EXACT = True
 # The K reduction is chunked in GEMM_BLOCK_K columns, accumulated in fp32 in increasing K order,
 # never split across programs (no split-K) for any M.
 GEMM_BLOCK_K = 64
-# A row is one chain `acc = tl.dot(x_chunk, w_chunk^T, acc)` over those chunks; bias (if any) is
-# added in fp32 after the chain; one rounding to the activation dtype. Tile shape, warps, stages,
-# TMA vs pointer loads are free (gemm.config_for: a per-M table); split-K is never used.
+# A row is one chain `acc = tl.dot(x_chunk, w_chunk^T, acc)` over those chunks; then acc + 0.0
+# (signed-zero canonicalization); bias (if any) added in fp32; one rounding to the activation dtype.
+# Tile shape, warps, stages, TMA vs pointer loads are free (gemm.config_for: a per-M table);
+# split-K is never used.
 
 # --- MoE (Qwen3-MoE) ---------------------------------------------------------------------------
 # Routing: p = softmax(float32(logits)) per row, computed by programs of MOE_ROUTE_BLOCK_T rows and
