@@ -22,8 +22,10 @@ from .config import TikConfig
 _GPU_ATTENTION = ("fa3", "fa4", "flashinfer", "triton", "flashmla", "cutlass_mla", "trtllm_mha", "trtllm_mla")
 CPU_DEFAULTS = {
     "sampling_backend": "pytorch", "grammar_backend": "none", "disable_cuda_graph": True,
-    "skip_server_warmup": True, "sleep_on_idle": True, "mem_fraction_static": 0.05,
-    "max_total_tokens": 4096,
+    "skip_server_warmup": True, "sleep_on_idle": True, "max_total_tokens": 4096,
+    # a fraction of *host* RAM on CPU; SGLang refuses to start when 1 - free/total exceeds it, so
+    # 0.05 fails on a busy machine. The KV pool stays capped by max_total_tokens.
+    "mem_fraction_static": 0.4,
 }
 
 
