@@ -5,6 +5,7 @@ sources run; only the executor differs. Two fixes to the interpreter are applied
 
 * ``tl.dot`` on bf16 operands: the interpreter stores bf16 as raw ``uint16`` and multiplies the raw
   integers (Triton 3.6). We convert bf16/fp16 operands to exact float64 values first.
+* fp32 -> bf16 casts round to nearest even (the interpreter truncates; the GPU rounds).
 * ``int()`` of run-time scalars (loop bounds): made to work with numpy >= 2.3.
 * Row invariance of ``tl.dot`` on the CPU: numpy's float32 matmul may block differently for
   different M. bf16/fp16 products are exact in float64 and a sum of up to a few hundred of them is
@@ -78,4 +79,18 @@ def _patch_interpreter_dot() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 
     _itp._patch_lang_tensor = _patch_lang_tensor
+
+    # fp32 -> bf16 casts: Triton 3.6's interpreter truncates; the GPU rounds to nearest even.
+    orig_cast = builder_cls.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if dst_type.scalar == tl.bfloat16 and src.dtype.scalar in (tl.float32, tl.float16, tl.float64):
+            import torch
+
+            f32 = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
+            data = f32.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            return _itp.TensorHandle(data, dst_type.scalar)
+        return orig_cast(self, src, dst_type)
+
+    builder_cls.cast_impl = cast_impl
     _PATCHED = True
