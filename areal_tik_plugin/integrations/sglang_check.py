@@ -39,6 +39,11 @@ def cpu_stub_path() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cpu_stubs")
 
 
+def gpu_stub_path() -> str:
+    """``sgl_kernel`` import stand-in (see ``_gpu_stubs/sgl_kernel``) for a GPU box without sgl-kernel."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_gpu_stubs")
+
+
 def child_env(stats_dir: str | None = None, extra: dict | None = None) -> dict:
     """Environment for a process that starts SGLang with the plugin on this machine."""
     import importlib.util
@@ -215,9 +220,13 @@ def _cmd_check(args) -> int:
     kw = default_engine_kwargs(args.model, backend="tik", device=args.device,
                                chunked_prefill_size=args.chunked_prefill_size)
     spec = {"engines": [{"engine_kwargs": kw, "jobs": default_jobs()}]}
+    extra = {}
+    if args.stub_sgl_kernel:
+        extra = {"PYTHONPATH": os.pathsep.join(p for p in (gpu_stub_path(), os.environ.get("PYTHONPATH", "")) if p),
+                 "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1"}
     with tempfile.TemporaryDirectory(prefix="tik-sglang-check-") as d:
         stats_dir = os.path.join(d, "stats")
-        res = launch_worker(spec, d, timeout=args.timeout, stats_dir=stats_dir)
+        res = launch_worker(spec, d, timeout=args.timeout, stats_dir=stats_dir, extra_env=extra)
         summ = summarize(read_stats(stats_dir), moe=_is_moe(args.model))
     eng = res["engines"][0]
     summ["startup_s"] = round(eng["startup_s"], 1)
@@ -249,6 +258,8 @@ def register(sub) -> None:
     p.add_argument("--chunked-prefill-size", type=int, default=16)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--stub-sgl-kernel", action="store_true",
+                   help="GPU without the sgl-kernel wheel: import stand-in that raises on any call")
     p.set_defaults(func=_cmd_check)
 
 
