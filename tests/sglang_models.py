@@ -46,7 +46,7 @@ def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: in
     assert len(tok) <= vocab_size, (len(tok), vocab_size)
     common = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
                   num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim,
-                  max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                  max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False,
                   bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                   initializer_range=init_std, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                   torch_dtype=dtype)

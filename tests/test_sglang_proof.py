@@ -3,9 +3,11 @@ bit-identical to the training-side log-prob of the same tokens (HF model patched
 packed varlen forward in training mode, ``ops.token_logprobs``). The stock pair (SGLang
 ``torch_native`` vs HF ``sdpa``) is shown to differ, so the comparison can fail.
 
-The Engines run in one child process (:func:`sglang_check.launch_worker`), one after the other. Requests: 4 prompts sharing a 16-token prefix, batched, greedy then
-sampled with per-request temperatures (the second round hits the radix cache), chunked prefill with
-chunk 16 (every prompt is prefilled in 2 chunks), 4 new tokens each (prefill + 3 decode steps).
+The Engines run in one child process (:func:`sglang_check.launch_worker`), one after the other.
+Requests (Qwen3): 4 prompts sharing a 60-token prefix, batched, greedy then sampled with per-request
+temperatures (the second round hits the radix cache), 8 new tokens each (decode crosses the 64-key
+attention tile), plus one 507-token prompt whose decode crosses the 512-key split; chunked prefill
+with chunk 48 (not tile aligned). Qwen3-MoE: the two batched rounds.
 """
 
 from __future__ import annotations
@@ -27,21 +29,30 @@ if importlib.util.find_spec("sglang") is None:
 
 from areal_tik_plugin.integrations import sglang_check as SC  # noqa: E402
 
-PREFIX = "the cat sat on the mat and then ran far up the hill to see the sun"  # 16 tokens
+from tests.sglang_models import WORDS  # noqa: E402
+
+# 60-token shared prefix: the 4 requests cross the 64-key attention tile during decode
+PREFIX = " ".join(WORDS[i % len(WORDS)] for i in range(60))
 TAILS = ["one two three", "four five", "six", "seven eight nine ten"]
 TEMPS = [1.0, 0.7, 1.0, 1.3]
-NEW = 4
+NEW = 8
+# one 507-token prompt: prefill crosses many tiles in 11 chunks, decode crosses the 512-key split
+LONG = " ".join(WORDS[(7 * i) % len(WORDS)] for i in range(507))
+CHUNK = 48  # chunked prefill; not a multiple of the 64-key tile
 
 
 def _prompts(tok):
     return [tok(f"{PREFIX} {t}")["input_ids"] for t in TAILS]
 
 
-def _jobs(ids, sampled=True):
+def _jobs(ids, sampled=True, long_ids=None):
     jobs = [{"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW, "ignore_eos": True}}]
     if sampled:
         jobs.append({"input_ids": ids, "sampling_params": [{"temperature": t, "max_new_tokens": NEW, "ignore_eos": True}
                                                            for t in TEMPS]})
+    if long_ids is not None:
+        jobs.append({"input_ids": [long_ids], "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW,
+                                                                  "ignore_eos": True}})
     return jobs
 
 
@@ -54,10 +65,12 @@ def runs(tmp_path_factory):
 
     tmp = str(tmp_path_factory.mktemp("sglang_proof"))
     models = {k: build_model(os.path.join(tmp, k), k) for k in ("qwen3", "qwen3_moe")}
-    ids = _prompts(AutoTokenizer.from_pretrained(models["qwen3"]))
-    kw = dict(device="cpu", chunked_prefill_size=16)
+    tok = AutoTokenizer.from_pretrained(models["qwen3"])
+    ids = _prompts(tok)
+    long_ids = tok(LONG)["input_ids"]
+    kw = dict(device="cpu", chunked_prefill_size=CHUNK)
     engines = [
-        {"engine_kwargs": SC.default_engine_kwargs(models["qwen3"], "tik", **kw), "jobs": _jobs(ids),
+        {"engine_kwargs": SC.default_engine_kwargs(models["qwen3"], "tik", **kw), "jobs": _jobs(ids, long_ids=long_ids),
          "env": {"TIK_SGLANG_STATS": os.path.join(tmp, "stats-qwen3")}},
         # launcher path (SGLang without plugins): entry point disabled, the spawn targets register
         {"engine_kwargs": SC.default_engine_kwargs(models["qwen3_moe"], "tik", **kw), "jobs": _jobs(ids),
@@ -70,15 +83,15 @@ def runs(tmp_path_factory):
     out = {}
     for name, eng in zip(("qwen3", "qwen3_moe", "stock"), res["engines"]):
         kind = "qwen3" if name == "stock" else name
-        out[name] = {"path": models[kind], "ids": ids, "engine": eng,
+        out[name] = {"path": models[kind], "ids": ids, "long_ids": long_ids, "engine": eng,
                      "stats": SC.read_stats(os.path.join(tmp, f"stats-{kind}")) if name != "stock" else []}
     return out
 
 
-def _requests(ids, engine_out, temps_per_job):
+def _requests(ids_per_job, engine_out, temps_per_job):
     """[(prompt ids, output tokens, sglang logprobs, temperature, cached tokens)] over all jobs."""
     out = []
-    for job, temps in zip(engine_out["jobs"], temps_per_job):
+    for ids, job, temps in zip(ids_per_job, engine_out["jobs"], temps_per_job):
         for p, r, t in zip(ids, job["requests"], temps):
             assert len(r["tokens"]) == NEW
             out.append((p, r["tokens"], r["logprobs"], t, r["cached_tokens"]))
@@ -137,17 +150,20 @@ def _assert_through_ours(stats, moe):
 def test_qwen3_rollout_logprobs_bitwise_equal_training(runs):
     qwen3 = runs["qwen3"]
     eng = qwen3["engine"]
-    reqs = _requests(qwen3["ids"], eng, [[1.0] * 4, TEMPS])
+    ids = qwen3["ids"]
+    reqs = _requests([ids, ids, [qwen3["long_ids"]]], eng, [[1.0] * 4, TEMPS, [1.0]])
+    assert len(reqs[-1][0]) == 507 and len(reqs[-1][0]) + NEW > 512
     assert min(c for *_, c in reqs[:4]) == 0, "first round must prefill from scratch"
-    assert all(c >= 16 for *_, c in reqs[4:]), f"second round must hit the radix cache: {[r[-1] for r in reqs]}"
+    assert all(c >= 60 for *_, c in reqs[4:8]), f"second round must hit the radix cache: {[r[-1] for r in reqs]}"
     _assert_through_ours(qwen3["stats"], moe=False)
     _assert_bitwise(reqs, _training_logprobs(qwen3["path"], reqs))
 
 
 def test_qwen3_moe_rollout_logprobs_bitwise_equal_training(runs):
     qwen3_moe = runs["qwen3_moe"]
-    reqs = _requests(qwen3_moe["ids"], qwen3_moe["engine"], [[1.0] * 4, TEMPS])
-    assert all(c >= 16 for *_, c in reqs[4:])
+    ids = qwen3_moe["ids"]
+    reqs = _requests([ids, ids], qwen3_moe["engine"], [[1.0] * 4, TEMPS])
+    assert all(c >= 60 for *_, c in reqs[4:])
     s = _assert_through_ours(qwen3_moe["stats"], moe=True)
     assert s["counts"]["moe_route"] > 0 and s["counts"]["moe_experts"] > 0
     _assert_bitwise(reqs, _training_logprobs(qwen3_moe["path"], reqs))
@@ -159,7 +175,7 @@ def test_stock_pair_is_not_bitwise_equal(runs):
 
     qwen3 = runs["qwen3"]
     stock_eng = runs["stock"]["engine"]
-    reqs = _requests(qwen3["ids"], stock_eng, [[1.0] * 4])
+    reqs = _requests([qwen3["ids"]], stock_eng, [[1.0] * 4])
     model = AutoModelForCausalLM.from_pretrained(qwen3["path"], dtype=torch.bfloat16, attn_implementation="sdpa")
     model.train()
     n_equal = n_total = 0
@@ -175,7 +191,7 @@ def test_stock_pair_is_not_bitwise_equal(runs):
     assert max_diff < 0.1, f"stock SGLang and HF disagree beyond bf16 noise: {max_diff}"
     assert n_equal < n_total, "stock pair is bit-identical: the proof would not detect a mismatch"
     # and our rollout numbers are the same model (accuracy, not bits) as the stock ones
-    tik = _requests(qwen3["ids"], qwen3["engine"], [[1.0] * 4])
+    tik = _requests([qwen3["ids"]], qwen3["engine"], [[1.0] * 4])
     for (_, t_toks, t_lp, *_), (_, s_toks, s_lp, *_) in zip(tik, reqs):
         k = 0
         while k < len(t_toks) and t_toks[k] == s_toks[k]:
