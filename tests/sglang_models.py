@@ -36,7 +36,7 @@ def build_tokenizer(path: str, n_extra: int = 0):
 def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: int = 301, hidden_size: int = 128,
                 num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 32,
                 intermediate_size: int = 176, num_experts: int = 5, top_k: int = 2, moe_intermediate_size: int = 48,
-                dtype: str = "bfloat16", init_std: float = 0.1) -> str:
+                dtype: str = "bfloat16", init_std: float = 0.1, device: str = "cpu") -> str:
     """Write a random ``kind`` ("qwen3" or "qwen3_moe") checkpoint + tokenizer to ``path``."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
@@ -59,7 +59,8 @@ def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: in
     else:
         raise ValueError(f"kind: expected 'qwen3' or 'qwen3_moe', got {kind!r}")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    with torch.device(device):  # "cuda" builds multi-GB random models in seconds
+        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     with torch.no_grad():  # norms away from 1 so that their weights matter
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

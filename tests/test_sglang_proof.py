@@ -99,31 +99,8 @@ def _requests(ids_per_job, engine_out, temps_per_job):
 
 
 def _training_logprobs(path, reqs):
-    """Packed [1, total] training-mode forward of every prompt+response through the plugin-patched HF
-    model (AReaL's layout: cu_seq_lens_q/k, max_length_q/k, per-sequence position_ids), then
-    ``ops.token_logprobs`` at each response token with the request's temperature."""
-    from transformers import AutoModelForCausalLM
-
-    from areal_tik_plugin import ops
-    from areal_tik_plugin.integrations.transformers import apply_to_model
-
-    model = apply_to_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16))
-    model.train()
-    seqs = [list(p) + list(toks) for p, toks, *_ in reqs]
-    lens = torch.tensor([len(s) for s in seqs], dtype=torch.int32)
-    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lens, 0)
-    input_ids = torch.tensor([t for s in seqs for t in s]).unsqueeze(0)
-    pos = torch.cat([torch.arange(n) for n in lens.tolist()]).unsqueeze(0)
-    mx = int(lens.max())
-    logits = model(input_ids=input_ids, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=mx,
-                   max_length_k=mx, use_cache=False).logits[0]
-    out = []
-    for (p, toks, _, t, _), start in zip(reqs, cu[:-1].tolist()):
-        rows = torch.arange(start + len(p) - 1, start + len(p) - 1 + len(toks))
-        lp = ops.token_logprobs(logits[rows].detach(), torch.tensor(toks), temperature=float(t))
-        out.append(lp.detach())
-    return out
+    """Packed training-mode forward through the plugin-patched HF model (see SC.training_logprobs)."""
+    return SC.training_logprobs(path, [(p, toks, t) for p, toks, _, t, _ in reqs])
 
 
 def _bits(x):

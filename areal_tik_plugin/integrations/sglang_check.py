@@ -207,6 +207,54 @@ def summarize(stats: list, moe: bool) -> dict:
             "active": any(s.get("active") for s in stats), "ok": bool(stats) and not missing and not other_paths}
 
 
+def training_logprobs(path: str, reqs, device: str = "cpu", dtype=None) -> list:
+    """Training-side log-probs of rollouts: one packed ``[1, total]`` forward (AReaL's layout:
+    ``cu_seq_lens_q/k``, ``max_length_q/k``, per-sequence ``position_ids``) of every prompt+response
+    through the plugin-patched HF model in training mode, then ``ops.token_logprobs`` at each response
+    token with the request's temperature.
+
+    ``reqs``: ``[(prompt_ids, response_ids, temperature), ...]``. Returns one fp32 tensor per request.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from areal_tik_plugin import ops
+    from areal_tik_plugin.integrations.transformers import apply_to_model
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.bfloat16).to(device)
+    model = apply_to_model(model)
+    model.train()
+    seqs = [list(p) + list(r) for p, r, _ in reqs]
+    lens = torch.tensor([len(x) for x in seqs], dtype=torch.int32)
+    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lens, 0)
+    ids = torch.tensor([t for x in seqs for t in x], device=device).unsqueeze(0)
+    pos = torch.cat([torch.arange(n) for n in lens.tolist()]).unsqueeze(0).to(device)
+    mx = int(lens.max())
+    cu_d = cu.to(device)
+    logits = model(input_ids=ids, position_ids=pos, cu_seq_lens_q=cu_d, cu_seq_lens_k=cu_d, max_length_q=mx,
+                   max_length_k=mx, use_cache=False).logits[0]
+    out = []
+    for (p, r, t), start in zip(reqs, cu[:-1].tolist()):
+        rows = torch.arange(start + len(p) - 1, start + len(p) - 1 + len(r), device=device)
+        lp = ops.token_logprobs(logits[rows].detach(), torch.tensor(list(r), device=device), temperature=float(t))
+        out.append(lp.detach().cpu())
+    del model, logits
+    return out
+
+
+def bitwise_mismatches(rollout_logprobs, train_logprobs) -> list:
+    """Indices of requests whose SGLang log-probs differ in any bit from the training-side ones."""
+    import torch
+
+    bad = []
+    for i, (a, b) in enumerate(zip(rollout_logprobs, train_logprobs)):
+        ta = torch.as_tensor(a, dtype=torch.float32)
+        if ta.shape != b.shape or not torch.equal(ta.view(torch.int32), b.view(torch.int32)):
+            bad.append(i)
+    return bad
+
+
 def _is_moe(model: str) -> bool:
     try:
         with open(os.path.join(model, "config.json")) as f:

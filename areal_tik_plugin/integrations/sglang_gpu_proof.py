@@ -1,0 +1,134 @@
+"""GPU run of the SGLang proof + decode throughput (for the lead; needs SGLang on the GPU box, see
+:mod:`areal_tik_plugin.integrations.sglang_wheels`). From the repository root::
+
+    python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out $OUT [--stub-sgl-kernel]
+
+1. builds a qwen3-4b-shaped random checkpoint (36 layers, hidden 2560, 32/8 heads x 128, MLP 9728,
+   vocab 151936; tiny local tokenizer) on the GPU;
+2. SGLang Engine ``attention_backend="tik"`` (CUDA graphs on): ``--batch`` requests sharing a prefix,
+   greedy then sampled (per-request temperatures, radix-cache hits), chunked prefill, ``--new``
+   tokens each; timed;
+3. the same decode workload on SGLang's ``triton`` and ``torch_native`` backends (with
+   ``--stub-sgl-kernel`` these run with ``SGLANG_FORCE_FUSED_OP_BACKEND=torch``: no sgl-kernel means
+   SGLang's own fused CUDA ops are unavailable, so the baseline layers are SGLang's torch-native ones);
+4. the training-side log-probs (plugin-patched HF model, packed, training mode) of every tik rollout,
+   compared bit for bit.
+
+Writes ``sglang_gpu_proof.json`` (mismatching requests, per-backend job seconds and decode tokens/s,
+our op counters, SGLang's fused-op trace) and prints a summary; exit 1 on any bit mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+from areal_tik_plugin.integrations import sglang_check as SC
+
+QWEN3_4B = dict(vocab_size=151936, hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
+                intermediate_size=9728, init_std=0.02)
+
+
+def _prompts(batch, prefix_len, vocab_hi, seed=0):
+    rng = random.Random(seed)
+    prefix = [rng.randrange(4, vocab_hi) for _ in range(prefix_len)]
+    return [prefix + [rng.randrange(4, vocab_hi) for _ in range(1 + i % 17)] for i in range(batch)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.integrations.sglang_gpu_proof")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--prefix", type=int, default=600)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--baselines", default="triton,torch_native")
+    ap.add_argument("--stub-sgl-kernel", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cuda (the run), or cpu with --shape tiny (smoke test)")
+    ap.add_argument("--shape", default="qwen3-4b", choices=["qwen3-4b", "tiny"])
+    ap.add_argument("--timeout", type=float, default=1500)
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra sglang.Engine argument for every engine, e.g. disable_prefill_cuda_graph=true")
+    a = ap.parse_args(argv)
+    if a.device == "cpu":  # before anything defines a @triton.jit function
+        os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, os.getcwd())
+    from tests.sglang_models import build_model
+
+    os.makedirs(a.out, exist_ok=True)
+    model = a.model_dir or os.path.join(tempfile.gettempdir(), f"tik-qwen3-{a.shape}-random")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        t = time.time()
+        build_model(model, "qwen3", device=a.device, **(QWEN3_4B if a.shape == "qwen3-4b" else {}))
+        print(f"built {model} in {time.time() - t:.0f} s", flush=True)
+    ids = _prompts(a.batch, a.prefix, 100)
+    temps = [(0.6, 0.8, 1.0, 1.2)[i % 4] for i in range(a.batch)]
+    sp = lambda t: {"temperature": t, "max_new_tokens": a.new, "ignore_eos": True}  # noqa: E731
+    tik_jobs = [{"input_ids": ids, "sampling_params": sp(0.0)},
+                {"input_ids": ids, "sampling_params": [sp(t) for t in temps]}]
+    bench_jobs = [{"input_ids": ids, "sampling_params": sp(0.0)}]
+    if a.device == "cuda":
+        common = dict(device="cuda", chunked_prefill_size=a.chunk, max_running_requests=a.batch,
+                      max_total_tokens=None, mem_fraction_static=0.6, disable_cuda_graph=False,
+                      cuda_graph_max_bs_decode=a.batch)
+    else:
+        common = dict(device="cpu", chunked_prefill_size=a.chunk, max_running_requests=a.batch)
+    for kv in a.engine_arg:
+        k, v = kv.split("=", 1)
+        common[k] = json.loads(v) if v[:1] in "0123456789-[{tfn\"" else v
+    stats_dir = os.path.join(a.out, "stats")
+    engines = [{"engine_kwargs": {k: v for k, v in SC.default_engine_kwargs(model, "tik", **common).items()
+                                  if v is not None},
+                "jobs": tik_jobs, "env": {"TIK_SGLANG_STATS": stats_dir}}]
+    names = ["tik"]
+    for b in [x for x in a.baselines.split(",") if x]:
+        env = {"SGLANG_PLUGINS": "none", "TIK_SGLANG_STATS": ""}
+        if a.stub_sgl_kernel:
+            env["SGLANG_FORCE_FUSED_OP_BACKEND"] = "torch"
+        kw = {k: v for k, v in SC.default_engine_kwargs(model, b, **common).items() if v is not None}
+        if b == "torch_native":
+            kw["disable_cuda_graph"] = True
+        engines.append({"engine_kwargs": kw, "jobs": bench_jobs, "env": env})
+        names.append(b)
+    extra = {}
+    if a.stub_sgl_kernel:
+        extra = {"PYTHONPATH": os.pathsep.join(x for x in (SC.gpu_stub_path(), os.getcwd(),
+                                                           os.environ.get("PYTHONPATH", "")) if x),
+                 "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1"}
+    report = {"model": model, "device": a.device, "batch": a.batch, "prefix": a.prefix, "new_tokens": a.new, "backends": {}}
+    with tempfile.TemporaryDirectory() as d:
+        res = SC.launch_worker({"engines": engines}, d, timeout=a.timeout, extra_env=extra)
+    for name, eng in zip(names, res["engines"]):
+        greedy = eng["jobs"][0]
+        report["backends"][name] = {"startup_s": eng["startup_s"], "job_seconds": [j["seconds"] for j in eng["jobs"]],
+                                    "greedy_tokens_per_s": a.batch * a.new / greedy["seconds"]}
+    tik = res["engines"][0]
+    reqs, lps = [], []
+    for job, tt in zip(tik["jobs"], ([1.0] * a.batch, temps)):
+        for p, r, t in zip(ids, job["requests"], tt):
+            reqs.append((p, r["tokens"], t))
+            lps.append(r["logprobs"])
+    train = SC.training_logprobs(model, reqs, device=a.device)
+    bad = SC.bitwise_mismatches(lps, train)
+    report["requests"] = len(reqs)
+    report["bitwise_mismatching_requests"] = bad
+    report["cached_tokens_second_round"] = [r["cached_tokens"] for r in tik["jobs"][1]["requests"]]
+    report["ops"] = SC.summarize(SC.read_stats(stats_dir), moe=False)
+    with open(os.path.join(a.out, "sglang_gpu_proof.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    for name, b in report["backends"].items():
+        print(f"{name:<14} startup {b['startup_s']:.0f} s  greedy decode {b['greedy_tokens_per_s']:.0f} tok/s  "
+              f"jobs {[round(x, 1) for x in b['job_seconds']]} s")
+    print(f"bitwise: {len(reqs) - len(bad)}/{len(reqs)} requests identical; ops through ours: {report['ops']['ok']} "
+          f"(missing {report['ops']['missing']}, other paths {report['ops']['other_paths']})")
+    return 0 if not bad and report["ops"]["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
