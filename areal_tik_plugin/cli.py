@@ -31,6 +31,11 @@ def _cmd_evidence(args) -> int:
         for op, v in s["ops"].items():
             b = ", ".join(f"{k} {x['geomean']:.2f}" for k, x in v["benchmarks"].items())
             print(f"{op:<12}{'yes' if v['evidence_matches_hash'] else 'NO':>9}{v['checks_passed']:>8}{v['checks_failed']:>8}  {b}")
+        for m in s["models"]:
+            state = "bit-identical" if m["plugin_bit_identical"] else "NOT bit-identical"
+            print(f"model {m['model']} ({m['layers']} layers) on {m['gpu'] or m['device']}: {state}, batch {m['batch']}, "
+                  f"prompt {m['prompt_len']}, response {m['response_len']}"
+                  f"{'' if m['matches_hash'] else ' (older kernel hash)'}")
     return 0 if s["all_ok"] or not args.strict else 1
 
 

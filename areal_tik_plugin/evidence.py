@@ -105,8 +105,39 @@ def summary(impl=None, root: str | None = None) -> dict[str, Any]:
     return {
         "implementation": impl.name,
         "source_hash": impl.source_hash,
+        "models": model_summary(impl, root),
         "evidence_files": [os.path.basename(r["_path"]) for r in recs],
         "environments": sorted({json.dumps(r.get("env", {}).get("gpu")) for r in recs}),
         "ops": per_op,
         "all_ok": all(v["ok"] for v in per_op.values()),
     }
+
+
+def model_summary(impl, root: str | None = None) -> list[dict[str, Any]]:
+    """Whole-model Constraint (1) results (`tik verify --out` JSON under evidence/verify/) for impl."""
+    root = root or repo_evidence_dir()
+    out = []
+    for p in sorted(glob.glob(os.path.join(root, "verify", "*.json"))):
+        try:
+            with open(p) as f:
+                rec = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            continue
+        if rec.get("schema") != "areal-tik-verify/1":
+            continue
+        ih = rec.get("implementation", {})
+        checks = rec.get("checks", [])
+        out.append({
+            "model": rec.get("model"),
+            "layers": rec.get("config", {}).get("num_hidden_layers"),
+            "device": rec.get("device"),
+            "gpu": rec.get("env", {}).get("gpu"),
+            "batch": rec.get("batch"),
+            "prompt_len": max(rec.get("prompt_lens") or [0]),
+            "response_len": max(rec.get("response_lens") or [0]),
+            "matches_hash": ih.get("name") == impl.name and ih.get("source_hash") == impl.source_hash,
+            "plugin_bit_identical": bool(rec.get("plugin_bit_identical")),
+            "n_checks": len(checks),
+            "file": os.path.relpath(p, os.path.dirname(root)),
+        })
+    return out
