@@ -7,7 +7,7 @@ The Engines run in one child process (:func:`sglang_check.launch_worker`), one a
 Requests (Qwen3): 4 prompts sharing a 60-token prefix, batched, greedy then sampled with per-request
 temperatures (the second round hits the radix cache), 8 new tokens each (decode crosses the 64-key
 attention tile), plus one 507-token prompt whose decode crosses the 512-key split; chunked prefill
-with chunk 48 (not tile aligned). Qwen3-MoE: the two batched rounds.
+with chunk 48 (not tile aligned). Qwen3-MoE: the two batched rounds on a 20-token prefix, 4 new tokens.
 """
 
 from __future__ import annotations
@@ -41,14 +41,18 @@ LONG = " ".join(WORDS[(7 * i) % len(WORDS)] for i in range(507))
 CHUNK = 48  # chunked prefill; not a multiple of the 64-key tile
 
 
-def _prompts(tok):
-    return [tok(f"{PREFIX} {t}")["input_ids"] for t in TAILS]
+NEW_MOE, PREFIX_MOE = 4, 20  # MoE: the op coverage, short (the interpreter's MoE is the slow part)
 
 
-def _jobs(ids, sampled=True, long_ids=None):
-    jobs = [{"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW, "ignore_eos": True}}]
+def _prompts(tok, prefix_words=None):
+    prefix = PREFIX if prefix_words is None else " ".join(PREFIX.split()[:prefix_words])
+    return [tok(f"{prefix} {t}")["input_ids"] for t in TAILS]
+
+
+def _jobs(ids, sampled=True, long_ids=None, new=NEW):
+    jobs = [{"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": new, "ignore_eos": True}}]
     if sampled:
-        jobs.append({"input_ids": ids, "sampling_params": [{"temperature": t, "max_new_tokens": NEW, "ignore_eos": True}
+        jobs.append({"input_ids": ids, "sampling_params": [{"temperature": t, "max_new_tokens": new, "ignore_eos": True}
                                                            for t in TEMPS]})
     if long_ids is not None:
         jobs.append({"input_ids": [long_ids], "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW,
@@ -67,13 +71,15 @@ def runs(tmp_path_factory):
     models = {k: build_model(os.path.join(tmp, k), k) for k in ("qwen3", "qwen3_moe")}
     tok = AutoTokenizer.from_pretrained(models["qwen3"])
     ids = _prompts(tok)
+    moe_ids = _prompts(tok, PREFIX_MOE)
     long_ids = tok(LONG)["input_ids"]
     kw = dict(device="cpu", chunked_prefill_size=CHUNK)
     engines = [
         {"engine_kwargs": SC.default_engine_kwargs(models["qwen3"], "tik", **kw), "jobs": _jobs(ids, long_ids=long_ids),
          "env": {"TIK_SGLANG_STATS": os.path.join(tmp, "stats-qwen3")}},
         # launcher path (SGLang without plugins): entry point disabled, the spawn targets register
-        {"engine_kwargs": SC.default_engine_kwargs(models["qwen3_moe"], "tik", **kw), "jobs": _jobs(ids),
+        {"engine_kwargs": SC.default_engine_kwargs(models["qwen3_moe"], "tik", **kw),
+         "jobs": _jobs(moe_ids, new=NEW_MOE),
          "env": {"TIK_SGLANG_STATS": os.path.join(tmp, "stats-qwen3_moe"), "SGLANG_PLUGINS": "none"},
          "launcher": True},
         {"engine_kwargs": SC.default_engine_kwargs(models["qwen3"], "torch_native", **kw), "jobs": _jobs(ids, sampled=False),
@@ -83,17 +89,18 @@ def runs(tmp_path_factory):
     out = {}
     for name, eng in zip(("qwen3", "qwen3_moe", "stock"), res["engines"]):
         kind = "qwen3" if name == "stock" else name
-        out[name] = {"path": models[kind], "ids": ids, "long_ids": long_ids, "engine": eng,
+        out[name] = {"path": models[kind], "ids": moe_ids if name == "qwen3_moe" else ids, "long_ids": long_ids,
+                     "engine": eng,
                      "stats": SC.read_stats(os.path.join(tmp, f"stats-{kind}")) if name != "stock" else []}
     return out
 
 
-def _requests(ids_per_job, engine_out, temps_per_job):
+def _requests(ids_per_job, engine_out, temps_per_job, new=NEW):
     """[(prompt ids, output tokens, sglang logprobs, temperature, cached tokens)] over all jobs."""
     out = []
     for ids, job, temps in zip(ids_per_job, engine_out["jobs"], temps_per_job):
         for p, r, t in zip(ids, job["requests"], temps):
-            assert len(r["tokens"]) == NEW
+            assert len(r["tokens"]) == new
             out.append((p, r["tokens"], r["logprobs"], t, r["cached_tokens"]))
     return out
 
@@ -139,8 +146,8 @@ def test_qwen3_rollout_logprobs_bitwise_equal_training(runs):
 def test_qwen3_moe_rollout_logprobs_bitwise_equal_training(runs):
     qwen3_moe = runs["qwen3_moe"]
     ids = qwen3_moe["ids"]
-    reqs = _requests([ids, ids], qwen3_moe["engine"], [[1.0] * 4, TEMPS])
-    assert all(c >= 60 for *_, c in reqs[4:])
+    reqs = _requests([ids, ids], qwen3_moe["engine"], [[1.0] * 4, TEMPS], new=NEW_MOE)
+    assert all(c >= PREFIX_MOE for *_, c in reqs[4:])
     s = _assert_through_ours(qwen3_moe["stats"], moe=True)
     assert s["counts"]["moe_route"] > 0 and s["counts"]["moe_experts"] > 0
     _assert_bitwise(reqs, _training_logprobs(qwen3_moe["path"], reqs))

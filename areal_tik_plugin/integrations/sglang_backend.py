@@ -81,6 +81,17 @@ class TikAttnBackend(_Base):
     def get_cuda_graph_seq_len_fill_value(self):
         return 1  # a padded row reads one (padding) slot
 
+    # SGLang <= 0.5.1x decode-graph hooks (removed from the ABC later): decode needs no metadata
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens,
+                                                 forward_mode, spec_info=None):
+        if not forward_mode.is_decode_or_idle():
+            raise NotImplementedError(f"tik attention: CUDA-graph capture of {forward_mode.name} is not supported")
+        self.forward_metadata = TikForwardMetadata()
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens,
+                                                forward_mode, spec_info=None, seq_lens_cpu=None, **kwargs):
+        self.forward_metadata = TikForwardMetadata()
+
     # --- forward ---------------------------------------------------------------------------------
     def _check_layer(self, layer):
         if layer.layer_id in self._checked_layers:

@@ -163,18 +163,18 @@ def linear_apply_hook(original, self, layer, x, bias=None):
     return y.view(*shape[:-1], y.shape[-1])
 
 
-def lm_head_hook(original, self, hidden_states, lm_head, embedding_bias=None, *, out=None):
-    if not _STATE["active"]:
-        return original(self, hidden_states, lm_head, embedding_bias, out=out)
+def lm_head_hook(original, self, hidden_states, lm_head, embedding_bias=None, **kwargs):
+    if not _STATE["active"]:  # kwargs: ``out=`` in 0.5.2x, absent in 0.5.10
+        return original(self, hidden_states, lm_head, embedding_bias, **kwargs)
     if hasattr(lm_head, "set_lora") or getattr(self, "use_fp32_lm_head", False):
         raise NotImplementedError("tik lm_head: LoRA-wrapped or fp32 lm_head is not supported")
     COUNTS["lm_head"] += 1
     return _ops().linear(hidden_states.contiguous(), lm_head.weight, embedding_bias)
 
 
-def qk_norm_hook(original, q, k, q_norm, k_norm, head_dim, alt_stream=None, allow_inplace=True):
+def qk_norm_hook(original, q, k, q_norm, k_norm, head_dim, *args, **kwargs):
     if not _STATE["active"]:
-        return original(q, k, q_norm, k_norm, head_dim, alt_stream=alt_stream, allow_inplace=allow_inplace)
+        return original(q, k, q_norm, k_norm, head_dim, *args, **kwargs)
     ops = _ops()
     COUNTS["rms_norm"] += 2
     qo = ops.rms_norm(q.reshape(-1, head_dim).contiguous(), q_norm.weight, q_norm.variance_epsilon)
@@ -289,6 +289,15 @@ def _check_instance(cls_path, m):
         raise NotImplementedError(f"tik: {name} with {bad} is not supported by the unified ops")
 
 
+# layer classes (by name, any SGLang version) that must be pinned to ours once tik is active
+_ROUTED_NAMES = {"RMSNorm", "RotaryEmbedding", "SiluAndMul", "TopK", "UnquantizedFusedMoEMethod"}
+
+
+def _is_pinned(m) -> bool:
+    fm = m.__dict__.get("_forward_method")
+    return getattr(fm, "__func__", None) is not None and getattr(fm.__func__, "__name__", "") == "forward_plugin"
+
+
 def activate(model_runner) -> dict:
     """Route the live model's layer ops to ours (called by the ``tik`` backend factory).
 
@@ -344,6 +353,13 @@ def activate(model_runner) -> dict:
         if qm is not None and hasattr(mod, "weight") and not isinstance(qm, UnquantizedLinearMethod) \
                 and type(qm).__name__ not in ("UnquantizedEmbeddingMethod", "UnquantizedFusedMoEMethod"):
             raise NotImplementedError(f"tik: quantized layer {type(mod).__name__} ({type(qm).__name__}) is not supported")
+    unrouted = sorted({type(m).__name__ for m in model.modules()
+                       if type(m).__name__ in _ROUTED_NAMES and not _is_pinned(m)})
+    if unrouted:  # e.g. an SGLang version that moved a class: refuse rather than run SGLang's kernel
+        raise NotImplementedError(f"tik: these layer ops would not run through areal_tik_plugin.ops: {unrouted}")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise RuntimeError("tik on a machine without CUDA: start SGLang with TRITON_INTERPRET=1 in the environment "
+                           "(it must be set before Triton is imported; `tik sglang-check` does this)")
     _STATE.update(active=True, tp_size=tp, stats_dir=os.environ.get("TIK_SGLANG_STATS") or None)
     if _STATE["stats_dir"]:
         try:
