@@ -293,6 +293,15 @@ def _check_instance(cls_path, m):
 _ROUTED_NAMES = {"RMSNorm", "RotaryEmbedding", "SiluAndMul", "TopK", "UnquantizedFusedMoEMethod"}
 
 
+def _hooked(target: str) -> bool:
+    try:
+        f = _resolve(target)
+    except (ImportError, AttributeError):
+        return False
+    f = getattr(f, "__func__", f)
+    return getattr(f, "__wrapped__", None) is not None
+
+
 def _is_pinned(m) -> bool:
     fm = m.__dict__.get("_forward_method")
     return getattr(fm, "__func__", None) is not None and getattr(fm.__func__, "__name__", "") == "forward_plugin"
@@ -353,6 +362,10 @@ def activate(model_runner) -> dict:
         if qm is not None and hasattr(mod, "weight") and not isinstance(qm, UnquantizedLinearMethod) \
                 and type(qm).__name__ not in ("UnquantizedEmbeddingMethod", "UnquantizedFusedMoEMethod"):
             raise NotImplementedError(f"tik: quantized layer {type(mod).__name__} ({type(qm).__name__}) is not supported")
+    not_hooked = [t for t in FUNCTION_HOOKS if not _hooked(t)]
+    if not_hooked:
+        raise RuntimeError(f"tik: hooks not applied to {not_hooked} (is the plugin registered in this process? "
+                           "SGLang without plugins: use python -m areal_tik_plugin.integrations.sglang_launch)")
     unrouted = sorted({type(m).__name__ for m in model.modules()
                        if type(m).__name__ in _ROUTED_NAMES and not _is_pinned(m)})
     if unrouted:  # e.g. an SGLang version that moved a class: refuse rather than run SGLang's kernel
