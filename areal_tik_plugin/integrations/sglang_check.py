@@ -73,8 +73,10 @@ def default_engine_kwargs(model: str, backend: str = "tik", device: str | None =
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    # on CPU mem_fraction_static is a fraction of *host* RAM that must exceed what is already in use
+    # (a small value refuses to start on a busy machine); the KV pool stays capped by max_total_tokens
     kw = dict(model_path=model, device=dev, attention_backend=backend, dtype="bfloat16",
-              mem_fraction_static=0.05 if dev == "cpu" else 0.5, max_total_tokens=4096, max_running_requests=8,
+              mem_fraction_static=0.4 if dev == "cpu" else 0.5, max_total_tokens=4096, max_running_requests=8,
               chunked_prefill_size=16, disable_cuda_graph=(dev == "cpu"), skip_server_warmup=True,
               sampling_backend="pytorch", grammar_backend="none", log_level="error")
     kw.update(over)
