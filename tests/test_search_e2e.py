@@ -55,7 +55,10 @@ def test_knobs_cli_sigint_resume_report(tmp_path):
     d = os.path.join(str(tmp_path), "run")
     cmd = [sys.executable, "-m", "areal_tik_plugin.cli", "search", "run", "--driver", "knobs",
            "--spec", toy_spec(tmp_path, kappa_max=10), "--impl", TOY, "--run-dir", d, "--max-steps", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A background shell (CI) starts us with SIGINT ignored, and Python then installs no KeyboardInterrupt
+    # handler in the child: give the child the default disposition so it behaves as under a terminal.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pid_file = os.path.join(d, "work", "I0001.pid")
     t0 = time.time()
     while not os.path.exists(pid_file) and time.time() - t0 < 120 and proc.poll() is None:
