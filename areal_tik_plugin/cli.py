@@ -36,6 +36,20 @@ def _cmd_evidence(args) -> int:
             print(f"model {m['model']} ({m['layers']} layers) on {m['gpu'] or m['device']}: {state}, batch {m['batch']}, "
                   f"prompt {m['prompt_len']}, response {m['response_len']}"
                   f"{'' if m['matches_hash'] else ' (older kernel hash)'}")
+        integ = s["integrations"]
+        for r in integ["layer_bench"]:
+            print(f"layer bench ({r['file']}): baseline/plugin mean {r['mean_ratio']:.2f}, min {r['min_ratio']:.2f} "
+                  f"over {r['n']} (model, R){'' if r['matches_hash'] else ' (older kernel hash)'}")
+        for r in integ["sglang_gpu"]:
+            state = "bit-identical" if r["bit_identical"] else "NOT bit-identical"
+            print(f"SGLang Engine tik on {r['gpu'] or r['device']} ({r['file']}): {r['requests']} requests {state} "
+                  f"vs the training path, ops through ours: {r['ops_through_ours']}")
+        by_mode = {r["tik"]: r for r in integ["areal_recompute"]}
+        if True in by_mode and False in by_mode:
+            b, t = by_mode[False], by_mode[True]
+            print(f"AReaL FSDP train step ({b['gpu']}): stock with recompute {b['step_with_recompute_s']:.2f} s, "
+                  f"plugin without recompute {t['step_without_recompute_s']:.2f} s "
+                  f"({b['step_with_recompute_s'] / t['step_without_recompute_s']:.2f}x)")
     return 0 if s["all_ok"] or not args.strict else 1
 
 

@@ -106,6 +106,7 @@ def summary(impl=None, root: str | None = None) -> dict[str, Any]:
         "implementation": impl.name,
         "source_hash": impl.source_hash,
         "models": model_summary(impl, root),
+        "integrations": integration_summary(impl, root),
         "evidence_files": [os.path.basename(r["_path"]) for r in recs],
         "environments": sorted({json.dumps(r.get("env", {}).get("gpu")) for r in recs}),
         "ops": per_op,
@@ -139,5 +140,67 @@ def model_summary(impl, root: str | None = None) -> list[dict[str, Any]]:
             "plugin_bit_identical": bool(rec.get("plugin_bit_identical")),
             "n_checks": len(checks),
             "file": os.path.relpath(p, os.path.dirname(root)),
+        })
+    return out
+
+
+def _load_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """GPU results beyond the op suites, each as its producing command wrote it:
+
+    * ``layer_bench``: ``python -m areal_tik_plugin.gpu.layer_bench`` JSON under ``evidence/layer_bench/``
+      (per-layer prefill + decode + update phase times, plugin vs stock-with-recompute);
+    * ``sglang_gpu``: ``python -m areal_tik_plugin.integrations.sglang_gpu_proof`` JSON under
+      ``evidence/sglang/`` (a real SGLang Engine with ``attention_backend="tik"`` vs the training path);
+    * ``areal_recompute``: ``recipes/bench_recompute.py`` JSON under ``evidence/areal/`` (AReaL's FSDP
+      PPO actor: train-step time with and without the recompute forward).
+    """
+    root = root or repo_evidence_dir()
+    rel = lambda p: os.path.relpath(p, os.path.dirname(root))  # noqa: E731
+    out: dict[str, list[dict[str, Any]]] = {"layer_bench": [], "sglang_gpu": [], "areal_recompute": []}
+    for p in sorted(glob.glob(os.path.join(root, "layer_bench", "*.json"))):
+        rec = _load_json(p)
+        if not rec or rec.get("schema") != "areal-tik-layer-bench/1":
+            continue
+        summ = rec.get("summary") or {}
+        out["layer_bench"].append({
+            "file": rel(p), "gpu": rec.get("env", {}).get("gpu"), "quick": rec.get("quick"),
+            "matches_hash": rec.get("implementation") == impl.name and rec.get("source_hash") == impl.source_hash,
+            "mean_ratio": summ.get("mean_ratio"), "geomean_ratio": summ.get("geomean_ratio"),
+            "min_ratio": summ.get("min_ratio"), "per_model_geomean": summ.get("per_model_geomean"), "n": summ.get("n"),
+        })
+    for p in sorted(glob.glob(os.path.join(root, "sglang", "*.json"))):
+        rec = _load_json(p)
+        if not rec or "bitwise_mismatching_requests" not in rec:
+            continue
+        ih = rec.get("implementation") or {}
+        out["sglang_gpu"].append({
+            "file": rel(p), "device": rec.get("device"), "gpu": rec.get("env", {}).get("gpu"),
+            "model": os.path.basename(str(rec.get("model"))), "batch": rec.get("batch"),
+            "new_tokens": rec.get("new_tokens"), "requests": rec.get("requests"),
+            "bit_identical": not rec["bitwise_mismatching_requests"] and bool(rec.get("requests")),
+            "ops_through_ours": bool((rec.get("ops") or {}).get("ok")),
+            "matches_hash": (ih.get("name") == impl.name and ih.get("source_hash") == impl.source_hash) if ih else None,
+            "backends": {k: ({"error": True} if "error" in v else {"greedy_tokens_per_s": v.get("greedy_tokens_per_s")})
+                         for k, v in (rec.get("backends") or {}).items()},
+        })
+    for p in sorted(glob.glob(os.path.join(root, "areal", "*.json"))):
+        rec = _load_json(p)
+        if not rec or "mean" not in rec or "args" not in rec:
+            continue
+        m = rec["mean"]
+        out["areal_recompute"].append({
+            "file": rel(p), "gpu": rec.get("device"), "tik": bool(rec["args"].get("tik")),
+            "batch": rec["args"].get("batch"), "tokens_per_step": m.get("tokens"),
+            "step_with_recompute_s": m.get("step_with_recompute_s"),
+            "step_without_recompute_s": m.get("step_without_recompute_s"),
+            "recompute_fraction": m.get("saving_fraction"),
         })
     return out

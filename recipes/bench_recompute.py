@@ -73,6 +73,22 @@ def synthetic_batch(n: int, prompt: int, response: int, vocab: int, seed: int):
     return out
 
 
+def _lean_trainer_package() -> None:
+    """``FSDPPPOActor`` imports ``areal.trainer.ppo.actor``; the ``areal.trainer`` package's own
+    ``__init__`` imports every trainer (datasets, wandb, tensorboardX, ... none used here). Where those
+    are not installed (the GPU machine: AReaL's wheel is carried without them), register the package
+    without running its ``__init__`` so that only the PPO actor's modules load."""
+    import importlib.util
+    import types
+
+    if "areal.trainer" in sys.modules or importlib.util.find_spec("datasets") is not None:
+        return
+    spec = importlib.util.find_spec("areal")
+    pkg = types.ModuleType("areal.trainer")
+    pkg.__path__ = [os.path.join(os.path.dirname(spec.origin), "trainer")]
+    sys.modules["areal.trainer"] = pkg
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "tik-qwen2.5-1.5b-shape"))
@@ -104,6 +120,7 @@ def main(argv=None) -> int:
         from areal_tik_plugin.integrations.areal.hooks import install_worker
 
         install_worker(TikConfig(enable=True, monitor_every=0))
+    _lean_trainer_package()
     from areal.engine.fsdp_engine import FSDPPPOActor
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -123,6 +140,8 @@ def main(argv=None) -> int:
     rows = []
     for step in range(a.warmup + a.steps):
         data = synthetic_batch(a.batch // world, a.prompt, a.response, QWEN25_15B["vocab_size"], seed=step * 997 + rank)
+        if torch.cuda.is_available():  # rollout batches reach the actor on its device (compute_logp's output is there)
+            data = [{k: v.cuda() for k, v in d.items()} for d in data]
         sync()
         t0 = time.perf_counter()
         prox = actor.compute_logp(data)

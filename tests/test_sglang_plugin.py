@@ -48,6 +48,14 @@ from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 assert not L.is_active()
 assert getattr(Sampler.forward, "__wrapped__", None) is not None
 assert getattr(UnquantizedLinearMethod.apply, "__wrapped__", None) is not None
+# SGLang's CUDA dual GEMM (fused gate_up + SiLU) is turned off under tik, left alone otherwise
+from sglang.srt.layers.dual_gemm import DualGemm
+assert getattr(DualGemm._select_mode, "__wrapped__", None) is not None
+assert L.dual_gemm_select_hook(lambda self, *a: "stock", None, None, 16) == "stock"
+L._STATE["active"] = True
+assert L.dual_gemm_select_hook(lambda self, *a: "stock", None, None, 16) is None
+assert L.COUNTS["dual_gemm_off"] == 1
+L._STATE["active"] = False
 assert RMSNorm.forward_plugin.__name__ == "forward_plugin"  # traced as "plugin"
 assert KernelBackend.PLUGIN not in RMSNorm.capabilities  # declared only on activation
 
@@ -119,3 +127,52 @@ def test_summarize_flags_missing_and_foreign_paths():
     assert not s["missing"] and s["other_paths"] == {"SiluAndMul|torch": 1} and not s["ok"]
     s = SC.summarize(stats, moe=True)
     assert s["missing"] == ["moe_route", "moe_experts"]
+
+
+_GPU_STUBS_CHILD = r"""
+import importlib, sys
+import sgl_kernel
+assert sgl_kernel.__file__.endswith("_gpu_stubs/sgl_kernel/__init__.py"), sgl_kernel.__file__
+from sgl_kernel.utils import is_arch_support_pdl
+assert is_arch_support_pdl() is False
+from sgl_kernel import weak_ref_tensor, silu_and_mul
+assert weak_ref_tensor(sys) is sys
+try:
+    silu_and_mul(1, 2)
+except RuntimeError as e:
+    assert "sgl_kernel.silu_and_mul was called" in str(e), e
+else:
+    raise AssertionError("a stubbed sgl_kernel function must raise")
+try:
+    importlib.import_module("sgl_kernel.scalar_type")  # SGLang's own ImportError fallback must run
+except ImportError:
+    pass
+else:
+    raise AssertionError("unlisted sgl_kernel submodules must be absent")
+import sitecustomize
+assert sitecustomize.__file__.endswith("_gpu_stubs/sitecustomize.py"), sitecustomize.__file__
+print("STUBS-OK")
+"""
+
+
+def test_gpu_stubs_raise_or_are_absent_never_silent():
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SC.gpu_stub_path(), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _GPU_STUBS_CHILD], env=env, capture_output=True, text=True, timeout=120)
+    assert "STUBS-OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_training_logprobs_micro_batches_are_bitwise_equal(tmp_path):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sglang_models import build_model
+
+    path = str(tmp_path / "m")
+    build_model(path, "qwen3")
+    reqs = [([5, 6, 7, 8, 9], [10, 11, 12], 1.0), ([5, 6, 7], [13, 14], 0.7), ([5, 6, 7, 8], [15, 16, 17, 18], 1.2)]
+    one = SC.training_logprobs(path, reqs)
+    split = SC.training_logprobs(path, reqs, max_tokens_per_forward=8)  # three forwards
+    assert [len(x) for x in one] == [3, 2, 4]
+    assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(one, split))
+    with pytest.raises(ValueError, match="max_tokens_per_forward"):
+        SC.training_logprobs(path, reqs, max_tokens_per_forward=0)

@@ -209,11 +209,12 @@ def summarize(stats: list, moe: bool) -> dict:
             "active": any(s.get("active") for s in stats), "ok": bool(stats) and not missing and not other_paths}
 
 
-def training_logprobs(path: str, reqs, device: str = "cpu", dtype=None) -> list:
-    """Training-side log-probs of rollouts: one packed ``[1, total]`` forward (AReaL's layout:
-    ``cu_seq_lens_q/k``, ``max_length_q/k``, per-sequence ``position_ids``) of every prompt+response
-    through the plugin-patched HF model in training mode, then ``ops.token_logprobs`` at each response
-    token with the request's temperature.
+def training_logprobs(path: str, reqs, device: str = "cpu", dtype=None, max_tokens_per_forward: int = 8192) -> list:
+    """Training-side log-probs of rollouts: packed ``[1, total]`` forwards (AReaL's layout:
+    ``cu_seq_lens_q/k``, ``max_length_q/k``, per-sequence ``position_ids``; requests grouped in order
+    into micro-batches of at most ``max_tokens_per_forward`` tokens, a longer request alone) through the
+    plugin-patched HF model in training mode (autograd on), then ``ops.token_logprobs`` at each
+    response token with the request's temperature.
 
     ``reqs``: ``[(prompt_ids, response_ids, temperature), ...]``. Returns one fp32 tensor per request.
     """
@@ -223,25 +224,40 @@ def training_logprobs(path: str, reqs, device: str = "cpu", dtype=None) -> list:
     from areal_tik_plugin import ops
     from areal_tik_plugin.integrations.transformers import apply_to_model
 
+    if max_tokens_per_forward < 1:
+        raise ValueError(f"max_tokens_per_forward must be >= 1, got {max_tokens_per_forward}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.bfloat16).to(device)
     model = apply_to_model(model)
     model.train()
-    seqs = [list(p) + list(r) for p, r, _ in reqs]
-    lens = torch.tensor([len(x) for x in seqs], dtype=torch.int32)
-    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lens, 0)
-    ids = torch.tensor([t for x in seqs for t in x], device=device).unsqueeze(0)
-    pos = torch.cat([torch.arange(n) for n in lens.tolist()]).unsqueeze(0).to(device)
-    mx = int(lens.max())
-    cu_d = cu.to(device)
-    logits = model(input_ids=ids, position_ids=pos, cu_seq_lens_q=cu_d, cu_seq_lens_k=cu_d, max_length_q=mx,
-                   max_length_k=mx, use_cache=False).logits[0]
-    out = []
-    for (p, r, t), start in zip(reqs, cu[:-1].tolist()):
-        rows = torch.arange(start + len(p) - 1, start + len(p) - 1 + len(r), device=device)
-        lp = ops.token_logprobs(logits[rows].detach(), torch.tensor(list(r), device=device), temperature=float(t))
-        out.append(lp.detach().cpu())
-    del model, logits
+    groups, cur, cur_tokens = [], [], 0
+    for i, (p, r, _) in enumerate(reqs):
+        n = len(p) + len(r)
+        if cur and cur_tokens + n > max_tokens_per_forward:
+            groups.append(cur)
+            cur, cur_tokens = [], 0
+        cur.append(i)
+        cur_tokens += n
+    if cur:
+        groups.append(cur)
+    out = [None] * len(reqs)
+    for group in groups:
+        seqs = [list(reqs[i][0]) + list(reqs[i][1]) for i in group]
+        lens = torch.tensor([len(x) for x in seqs], dtype=torch.int32)
+        cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(lens, 0)
+        ids = torch.tensor([t for x in seqs for t in x], device=device).unsqueeze(0)
+        pos = torch.cat([torch.arange(n) for n in lens.tolist()]).unsqueeze(0).to(device)
+        mx = int(lens.max())
+        cu_d = cu.to(device)
+        logits = model(input_ids=ids, position_ids=pos, cu_seq_lens_q=cu_d, cu_seq_lens_k=cu_d, max_length_q=mx,
+                       max_length_k=mx, use_cache=False).logits[0].detach()
+        for i, start in zip(group, cu[:-1].tolist()):
+            p, r, t = reqs[i]
+            rows = torch.arange(start + len(p) - 1, start + len(p) - 1 + len(r), device=device)
+            lp = ops.token_logprobs(logits[rows], torch.tensor(list(r), device=device), temperature=float(t))
+            out[i] = lp.cpu()
+        del logits
+    del model
     return out
 
 

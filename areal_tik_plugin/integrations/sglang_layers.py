@@ -16,6 +16,7 @@ SGLang layer                           ours                                     
 ``LogitsProcessor._compute_lm_head``   ``ops.linear``                                     HookRegistry AROUND
 ``Sampler.forward`` returned logprob   ``ops.token_logprobs`` (log_softmax(logits/T))     HookRegistry AROUND
 ``SamplingBatchInfo.from_schedule_…``  a distinct seed per request without one            HookRegistry AROUND
+``DualGemm`` (fused gate_up + SiLU)    off: MLP via ``ops.linear`` + ``swiglu_fused``    HookRegistry AROUND
 attention + KV write                   ``attention_extend/decode``, ``kv_write``          ``tik`` attention backend
 =====================================  =================================================  ==========================
 
@@ -231,6 +232,31 @@ def sampling_info_hook(original, *args, **kwargs):
     return original(*args, **kwargs)
 
 
+def _tik_selected() -> bool:
+    """Whether this SGLang process serves with the ``tik`` attention backend (usable before
+    :func:`activate`, e.g. while the model is being built)."""
+    if _STATE["active"]:
+        return True
+    try:
+        from sglang.srt.runtime_context import attention_backends
+    except ImportError:
+        return False
+    try:
+        return "tik" in attention_backends()
+    except (RuntimeError, ValueError):  # nothing published in this process (not a scheduler)
+        return False
+
+
+def dual_gemm_select_hook(original, self, *args, **kwargs):
+    """SGLang's small-batch dual GEMM (a CuTe-DSL fused gate_up GEMM + SiLU, used by Qwen2/Qwen3 MLPs
+    for decode on CUDA) bypasses ``ops.linear`` / ``ops.swiglu_fused``: off under tik. :func:`activate`
+    refuses a model where a layer still has it on."""
+    if _tik_selected():
+        COUNTS["dual_gemm_off"] += 1
+        return None
+    return original(self, *args, **kwargs)
+
+
 FUNCTION_HOOKS = {
     # target -> (hook, kind)
     "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply": (linear_apply_hook, "around"),
@@ -238,7 +264,10 @@ FUNCTION_HOOKS = {
     "sglang.srt.models.utils.apply_qk_norm": (qk_norm_hook, "around"),
     "sglang.srt.layers.sampler.Sampler.forward": (sampler_forward_hook, "around"),
     "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch": (sampling_info_hook, "around"),
+    "sglang.srt.layers.dual_gemm.DualGemm._select_mode": (dual_gemm_select_hook, "around"),
 }
+# Targets that only some SGLang versions have (0.5.10 has no DualGemm): not having them is fine.
+OPTIONAL_HOOK_TARGETS = {"sglang.srt.layers.dual_gemm.DualGemm._select_mode"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -302,6 +331,14 @@ def _hooked(target: str) -> bool:
     return getattr(f, "__wrapped__", None) is not None
 
 
+def _exists(target: str) -> bool:
+    try:
+        _resolve(target)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
 def _is_pinned(m) -> bool:
     fm = m.__dict__.get("_forward_method")
     return getattr(fm, "__func__", None) is not None and getattr(fm.__func__, "__name__", "") == "forward_plugin"
@@ -362,10 +399,14 @@ def activate(model_runner) -> dict:
         if qm is not None and hasattr(mod, "weight") and not isinstance(qm, UnquantizedLinearMethod) \
                 and type(qm).__name__ not in ("UnquantizedEmbeddingMethod", "UnquantizedFusedMoEMethod"):
             raise NotImplementedError(f"tik: quantized layer {type(mod).__name__} ({type(qm).__name__}) is not supported")
-    not_hooked = [t for t in FUNCTION_HOOKS if not _hooked(t)]
+    not_hooked = [t for t in FUNCTION_HOOKS if not _hooked(t) and not (t in OPTIONAL_HOOK_TARGETS and not _exists(t))]
     if not_hooked:
         raise RuntimeError(f"tik: hooks not applied to {not_hooked} (is the plugin registered in this process? "
                            "SGLang without plugins: use python -m areal_tik_plugin.integrations.sglang_launch)")
+    fused_mlp = sorted({type(m).__name__ for m in model.modules()
+                        if getattr(getattr(m, "dual_gemm", None), "mode", None) is not None})
+    if fused_mlp:
+        raise NotImplementedError(f"tik: SGLang's dual GEMM (fused gate_up + SiLU) is on in {fused_mlp}")
     unrouted = sorted({type(m).__name__ for m in model.modules()
                        if type(m).__name__ in _ROUTED_NAMES and not _is_pinned(m)})
     if unrouted:  # e.g. an SGLang version that moved a class: refuse rather than run SGLang's kernel

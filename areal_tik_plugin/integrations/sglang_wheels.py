@@ -35,6 +35,7 @@ DEPS = [
     "python-multipart==0.0.34", "fastapi==0.165.0", "starlette==1.10.0", "uvicorn==0.54.0",
     "pydantic==2.14.4", "pydantic-core", "annotated-types", "typing-inspection", "jiter", "distro", "sniffio",
     "cffi", "pycparser",
+    "loguru==0.7.3", "opentelemetry-api==1.45.2", "httpx2==2.16.2", "httpcore2==2.16.2", "truststore==0.10.5",
     "ipython==9.18.1", "decorator", "jedi", "parso", "matplotlib-inline", "prompt-toolkit", "stack-data",
     "traitlets", "pexpect", "ptyprocess", "asttokens", "executing", "pure-eval", "wcwidth",
     "ipython-pygments-lexers",

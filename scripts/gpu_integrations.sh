@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# GPU calls for the integration issues (SGLang proof, Liger baseline, AReaL recompute saving, verify grid,
+# layer bench, knob search). Needs the carried wheels:
+#   python -m areal_tik_plugin.integrations.sglang_wheels .whl       # SGLang 0.5.23 (trimmed) + deps
+#   .whl-areal/: areal 1.0.4 + the light deps its FSDP engine imports, liger-kernel (see docs/PERF_NOTES.md)
+# Usage (device call, carry [".whl", ".whl-areal"]):
+#   bash scripts/gpu_integrations.sh STEP [STEP...]
+# STEPs: sglang | liger | recompute | verify-full | layer-bench | search
+# Everything lands in $OUT/bundle.tgz (plus the step JSONs next to it); a short table per step on stdout.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/tik-out}
+mkdir -p "$OUT/w"
+W=$OUT/w
+for d in .whl .whl-areal; do
+  if ls $d/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $d/*.whl \
+      >>"$W/pip.log" 2>&1 || { tail -20 "$W/pip.log"; exit 1; }
+  fi
+done
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$W/pip.log" 2>&1 || { tail -20 "$W/pip.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+STUBS=$PWD/areal_tik_plugin/integrations/areal/_gpu_stubs:$PWD/areal_tik_plugin/integrations/areal/_cpu_stubs
+rc=0
+for step in "$@"; do
+  t0=$(date +%s)
+  echo "== $step"
+  case $step in
+    sglang)
+      # TIK_SGL_TINY=1: a tiny eager run first (a failure shows in ~1 min); then the qwen3-4b-shaped proof
+      # (TIK_SGL_BASELINES: stock backends timed on the same workload; TIK_SGL_EAGER=1: no CUDA graphs)
+      r=0
+      if [ "${TIK_SGL_TINY:-1}" = 1 ]; then
+        timeout 170 python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out "$W/tiny" --stub-sgl-kernel \
+          --shape tiny --batch 8 --new 32 --baselines "" --timeout 150 --engine-arg disable_cuda_graph=true >"$W/sglang-tiny.log" 2>&1
+        r=$?; tail -4 "$W/sglang-tiny.log"
+      fi
+      if [ $r -eq 0 ] || [ $r -eq 3 ]; then
+        eager=; [ "${TIK_SGL_EAGER:-0}" = 1 ] && eager="--engine-arg disable_cuda_graph=true"
+        timeout "${TIK_SGL_LIMIT:-390}" python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out "$W" --stub-sgl-kernel \
+          --batch "${TIK_SGL_BATCH:-32}" --new "${TIK_SGL_NEW:-128}" --baselines "${TIK_SGL_BASELINES-triton,torch_native}" \
+          --timeout $(( ${TIK_SGL_LIMIT:-390} - 20 )) $eager >"$W/sglang.log" 2>&1 || rc=1
+        grep -E "Error|error:|Traceback" "$W/sglang.log" | head -8; tail -6 "$W/sglang.log"
+      else
+        rc=1; grep -E "Error|error:|Traceback|stub" "$W/sglang-tiny.log" | tail -12
+      fi;;
+    liger)
+      python3 -m areal_tik_plugin.gpu --out "$W" --ops rmsnorm,rope,swiglu --quick >"$W/liger.log" 2>&1 || rc=1
+      grep -E "^(FAIL|ERROR)|liger" "$W/liger.log" | head -12; tail -5 "$W/liger.log";;
+    recompute)
+      for mode in baseline tik; do
+        flag=; [ $mode = tik ] && flag=--tik
+        PYTHONPATH=$PYTHONPATH:$STUBS timeout "${TIK_RC_LIMIT:-280}" torchrun --nproc-per-node 1 recipes/bench_recompute.py $flag \
+          --batch "${TIK_RC_BATCH:-64}" --steps "${TIK_RC_STEPS:-3}" --out "$W/recompute-$mode.json" \
+          >"$W/recompute-$mode.log" 2>&1 || rc=1
+        echo "-- $mode"; grep -E "Error|Traceback" "$W/recompute-$mode.log" | head -5
+        grep -E '"(recompute_s|update_s|step_with_recompute_s|step_without_recompute_s|saving_fraction)"' "$W/recompute-$mode.log"
+      done;;
+    verify-full)
+      for m in "qwen2.5-1.5b" "qwen3-4b" "qwen3-30b-a3b --layers 4"; do
+        set -- $m
+        timeout 400 python3 -m areal_tik_plugin.verify --model $m --prompt-len 1024 --response-len 128..1024 \
+          --batch "${TIK_VERIFY_BATCH:-64}" --out "$W/verify-$1.json" >"$W/verify-$1.log" 2>&1 || rc=1
+        tail -3 "$W/verify-$1.log"
+      done;;
+    layer-bench)
+      timeout "${TIK_LB_LIMIT:-500}" python3 -m areal_tik_plugin.gpu.layer_bench --out "$W" ${TIK_LB_ARGS:---quick} >"$W/layer_bench.log" 2>&1 || rc=1
+      tail -20 "$W/layer_bench.log";;
+    search)
+      OUT=$W bash search/gpu_search.sh h200-knobs "${TIK_SEARCH_BUDGET_S:-300}" >"$W/search.log" 2>&1 || rc=1
+      tail -20 "$W/search.log";;
+    *) echo "unknown step $step"; rc=2;;
+  esac
+  echo "   ($step: $(( $(date +%s) - t0 )) s)"
+done
+# at most 8 files come back: one bundle with everything + the small JSON results beside it
+(cd "$W" && tar czf "$OUT/bundle.tgz" .)
+find "$W" -maxdepth 1 -name "*.json" -size -4M | head -6 | xargs -r cp -t "$OUT"
+rm -rf "$W"
+ls -la "$OUT"
+exit $rc
