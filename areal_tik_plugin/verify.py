@@ -243,7 +243,7 @@ class PagedRunner:
         for s in range(0, longest, step):
             idx = [j for j, p in enumerate(prompts) if p.numel() > s]
             pieces = [prompts[j][s:s + step] for j in idx]
-            for grp in _packed_groups([int(p.numel()) for p in pieces], max_tokens or (1 << 62)):
+            for grp in packed_groups([int(p.numel()) for p in pieces], max_tokens or (1 << 62)):
                 res = self.extend([rows[idx[g]] for g in grp], [pieces[g] for g in grp])
                 for g, lg in zip(grp, res):
                     out[idx[g]].append(lg)
@@ -340,7 +340,8 @@ def _labels(seq, device):
 # ------------------------------------------------------------------------------------------------
 # the two paths
 # ------------------------------------------------------------------------------------------------
-def _packed_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
+def packed_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped in order into micro-batches of at most ``max_tokens`` tokens (a longer item alone)."""
     groups, cur, tot = [], [], 0
     for i, n in enumerate(lengths):
         if cur and tot + n > max_tokens:
@@ -608,7 +609,7 @@ def run_verify(model_name: str = "tiny-qwen3", *, layers: int | None = None, bat
         if rollout_ok[0]:
             say("plugin: full-sequence forward (packed)")
             try:
-                for grp in _packed_groups(lens, max_tokens_per_forward):
+                for grp in packed_groups(lens, max_tokens_per_forward):
                     outs = hf_packed_logits(model, [seqs[i] for i in grp], dev)
                     for i, full in zip(grp, outs):
                         lab = _labels(seqs[i], dev)

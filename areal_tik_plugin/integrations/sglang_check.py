@@ -223,40 +223,20 @@ def training_logprobs(path: str, reqs, device: str = "cpu", dtype=None, max_toke
 
     from areal_tik_plugin import ops
     from areal_tik_plugin.integrations.transformers import apply_to_model
+    from areal_tik_plugin.verify import hf_packed_logits, packed_groups
 
     if max_tokens_per_forward < 1:
         raise ValueError(f"max_tokens_per_forward must be >= 1, got {max_tokens_per_forward}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.bfloat16).to(device)
     model = apply_to_model(model)
     model.train()
-    groups, cur, cur_tokens = [], [], 0
-    for i, (p, r, _) in enumerate(reqs):
-        n = len(p) + len(r)
-        if cur and cur_tokens + n > max_tokens_per_forward:
-            groups.append(cur)
-            cur, cur_tokens = [], 0
-        cur.append(i)
-        cur_tokens += n
-    if cur:
-        groups.append(cur)
     out = [None] * len(reqs)
-    for group in groups:
-        seqs = [list(reqs[i][0]) + list(reqs[i][1]) for i in group]
-        lens = torch.tensor([len(x) for x in seqs], dtype=torch.int32)
-        cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-        cu[1:] = torch.cumsum(lens, 0)
-        ids = torch.tensor([t for x in seqs for t in x], device=device).unsqueeze(0)
-        pos = torch.cat([torch.arange(n) for n in lens.tolist()]).unsqueeze(0).to(device)
-        mx = int(lens.max())
-        cu_d = cu.to(device)
-        logits = model(input_ids=ids, position_ids=pos, cu_seq_lens_q=cu_d, cu_seq_lens_k=cu_d, max_length_q=mx,
-                       max_length_k=mx, use_cache=False).logits[0].detach()
-        for i, start in zip(group, cu[:-1].tolist()):
+    for group in packed_groups([len(p) + len(r) for p, r, _ in reqs], max_tokens_per_forward):
+        seqs = [torch.tensor(list(reqs[i][0]) + list(reqs[i][1])) for i in group]
+        for i, logits in zip(group, hf_packed_logits(model, seqs, device)):
             p, r, t = reqs[i]
-            rows = torch.arange(start + len(p) - 1, start + len(p) - 1 + len(r), device=device)
-            lp = ops.token_logprobs(logits[rows], torch.tensor(list(r), device=device), temperature=float(t))
-            out[i] = lp.cpu()
-        del logits
+            rows = logits.detach()[len(p) - 1:len(p) - 1 + len(r)].contiguous()
+            out[i] = ops.token_logprobs(rows, torch.tensor(list(r), device=device), temperature=float(t)).cpu()
     del model
     return out
 

@@ -58,14 +58,13 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.device == "cpu":  # before anything defines a @triton.jit function
         os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, os.getcwd())
-    from tests.sglang_models import build_model
+    from areal_tik_plugin.integrations.areal.tiny import SGLANG_TINY, build_model
 
     os.makedirs(a.out, exist_ok=True)
     model = a.model_dir or os.path.join(tempfile.gettempdir(), f"tik-qwen3-{a.shape}-random")
     if not os.path.exists(os.path.join(model, "config.json")):
         t = time.time()
-        build_model(model, "qwen3", device=a.device, **(QWEN3_4B if a.shape == "qwen3-4b" else {}))
+        build_model(model, "qwen3", device=a.device, **{**SGLANG_TINY, **(QWEN3_4B if a.shape == "qwen3-4b" else {})})
         print(f"built {model} in {time.time() - t:.0f} s", flush=True)
     ids = _prompts(a.batch, a.prefix, 100)
     temps = [(0.6, 0.8, 1.0, 1.2)[i % 4] for i in range(a.batch)]

@@ -1,8 +1,9 @@
-"""Tiny random Qwen3 / Qwen3-MoE checkpoints with a byte-level tokenizer and a chat template.
+"""Tiny random Qwen3 / Qwen3-MoE checkpoints with a locally built tokenizer (no hub access).
 
 AReaL's RLVR workflow applies the tokenizer's chat template and decodes completions for the
-reward, so the tokenizer must cover any text (byte-level BPE) and carry a Qwen-style template. Used by the AReaL end-to-end tests and the
-``cpu-tiny`` recipe model group::
+reward, so its tokenizer must cover any text (byte-level BPE) and carry a Qwen-style template: the
+default, used by the AReaL end-to-end tests and the ``cpu-tiny`` recipe model group. The SGLang
+proofs use a word-level tokenizer and their own tiny shape (``SGLANG_TINY``)::
 
     python -m areal_tik_plugin.integrations.areal.tiny OUT_DIR [qwen3|qwen3_moe]
 """
@@ -51,16 +52,50 @@ def build_tokenizer(path: str, vocab_size: int = 512):
     return fast
 
 
+WORDS = ("the a one two three four five six seven eight nine ten cat dog sat on mat ran far and then "
+         "red blue green big small fast slow up down left right sun moon star sky tree river hill "
+         "what is plus minus times equals answer question think step so because if not yes no").split()
+
+
+def build_word_tokenizer(path: str, n_extra: int = 0):
+    """A WordLevel tokenizer over WORDS + digits + a few special tokens, saved under ``path``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    vocab = {}
+    for w in specials + [str(d) for d in range(10)] + list(WORDS) + [f"w{i}" for i in range(n_extra)]:
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   unk_token="<unk>", bos_token=None)
+    fast.save_pretrained(path)
+    return fast
+
+
+# the SGLang proofs' tiny shape (head_dim 32, odd vocab / intermediate sizes, bf16, word tokenizer)
+SGLANG_TINY = dict(vocab_size=301, hidden_size=128, head_dim=32, intermediate_size=176, moe_intermediate_size=48,
+                   dtype="bfloat16", tokenizer="words")
+
+
 def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: int = 517, hidden_size: int = 64,
                 num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
                 intermediate_size: int = 88, num_experts: int = 5, top_k: int = 2, moe_intermediate_size: int = 24,
-                dtype: str = "float32", init_std: float = 0.1) -> str:
-    """Write a random ``kind`` ("qwen3" or "qwen3_moe") checkpoint + tokenizer to ``path``."""
+                dtype: str = "float32", init_std: float = 0.1, device: str = "cpu", tokenizer: str = "bpe") -> str:
+    """Write a random ``kind`` ("qwen3" or "qwen3_moe") checkpoint + tokenizer to ``path``.
+
+    ``tokenizer``: "bpe" (:func:`build_tokenizer`, any text, chat template) or "words"
+    (:func:`build_word_tokenizer`, one token per word: the SGLang proofs). ``device="cuda"`` builds
+    multi-GB random models in seconds."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
 
+    if tokenizer not in ("bpe", "words"):
+        raise ValueError(f"tokenizer: expected 'bpe' or 'words', got {tokenizer!r}")
     os.makedirs(path, exist_ok=True)
-    tok = build_tokenizer(path)
+    tok = build_tokenizer(path) if tokenizer == "bpe" else build_word_tokenizer(path)
     if len(tok) > vocab_size:
         raise ValueError(f"vocab_size: expected >= {len(tok)}, got {vocab_size}")
     common = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
@@ -78,7 +113,8 @@ def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: in
     else:
         raise ValueError(f"kind: expected 'qwen3' or 'qwen3_moe', got {kind!r}")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     with torch.no_grad():  # norms away from 1 so that their weights matter
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -2,20 +2,4 @@
 calls init/log/finish even with logging to it disabled. Never on sys.path when the real package is
 installed (see areal_tik_plugin.integrations.areal.env.cpu_stub_paths)."""
 
-__version__ = "0.0.0+tik-stub"
-
-
-def login(*args, **kwargs):
-    return None
-
-
-def init(*args, **kwargs):
-    return None
-
-
-def log(*args, **kwargs):
-    return None
-
-
-def finish(*args, **kwargs):
-    return None
+from _tik_noop_logger import __version__, finish, init, log, login  # noqa: F401
