@@ -235,25 +235,33 @@ def run(impl_path: str, spec_path: str, out_path: str) -> dict[str, Any]:
     res["compile"] = info
     failed_status = None
 
+    def run_items(items, label: str, noun: str, call):
+        """Run each bitwise suite / accuracy case: a raise ends the evaluation as runtime_error; an item
+        that records no check fails as one. Returns the fail() result or None."""
+        for item in items:
+            n_before = len(rec.checks)
+            try:
+                call(ctx, item)
+                _sync(device)
+            except BaseException as e:  # noqa: BLE001
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                rec.check(f"{label}:{item['suite']}", False, kind="error", error=f"{type(e).__name__}: {e}"[:800],
+                          trace=traceback.format_exc()[-2000:])
+                res["checks"] = rec.checks
+                return fail("runtime_error", f"{label} {noun} {item['suite']}: {type(e).__name__}: {e}\n"
+                                             f"{traceback.format_exc()}")
+            if len(rec.checks) == n_before:
+                rec.check(f"{label}:{item['suite']}", False, kind="error", error=f"the {noun} recorded no check")
+            res["checks"] = rec.checks
+            _write(out_path, res)
+        return None
+
     # ---- bitwise contract ------------------------------------------------------------------------
     stage("bitwise")
-    for suite in spec.get("bitwise", []):
-        n_before = len(rec.checks)
-        try:
-            runner.bitwise_suite(ctx, suite)
-            _sync(device)
-        except BaseException as e:  # noqa: BLE001
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            rec.check(f"bitwise:{suite['suite']}", False, kind="error", error=f"{type(e).__name__}: {e}"[:800],
-                      trace=traceback.format_exc()[-2000:])
-            res["checks"] = rec.checks
-            return fail("runtime_error", f"bitwise suite {suite['suite']}: {type(e).__name__}: {e}\n"
-                                         f"{traceback.format_exc()}")
-        if len(rec.checks) == n_before:
-            rec.check(f"bitwise:{suite['suite']}", False, kind="error", error="the suite recorded no check")
-        res["checks"] = rec.checks
-        _write(out_path, res)
+    failed = run_items(spec.get("bitwise", []), "bitwise", "suite", runner.bitwise_suite)
+    if failed is not None:
+        return failed
     bad = [c["name"] for c in rec.checks if not c["passed"]]
     if bad:
         failed_status = "contract_violation"
@@ -262,22 +270,9 @@ def run(impl_path: str, spec_path: str, out_path: str) -> dict[str, Any]:
 
     # ---- accuracy --------------------------------------------------------------------------------
     stage("accuracy")
-    for case in spec.get("accuracy", []):
-        n_before = len(rec.checks)
-        try:
-            runner.accuracy_case(ctx, case)
-            _sync(device)
-        except BaseException as e:  # noqa: BLE001
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            rec.check(f"accuracy:{case['suite']}", False, kind="error", error=f"{type(e).__name__}: {e}"[:800])
-            res["checks"] = rec.checks
-            return fail("runtime_error", f"accuracy case {case['suite']}: {type(e).__name__}: {e}\n"
-                                         f"{traceback.format_exc()}")
-        if len(rec.checks) == n_before:
-            rec.check(f"accuracy:{case['suite']}", False, kind="error", error="the case recorded no check")
-        res["checks"] = rec.checks
-        _write(out_path, res)
+    failed = run_items(spec.get("accuracy", []), "accuracy", "case", runner.accuracy_case)
+    if failed is not None:
+        return failed
     bad = [c["name"] for c in rec.checks if not c["passed"] and c.get("kind") == "accuracy"]
     if bad and failed_status is None:
         failed_status = "inaccurate"
