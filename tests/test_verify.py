@@ -120,8 +120,10 @@ def test_layer_bench_runs_every_phase_on_cpu(monkeypatch):
         return {"cold_us": 10.0, "graph_us": 5.0 if graph else None}
 
     monkeypatch.setattr(LB, "_time", fake_time)
-    r = LB.bench_model("tiny-qwen3-moe", True, (3,), prompt=6, device="cpu", ctx_points=(1, 3))
+    r = LB.bench_model("tiny-qwen3-moe", True, (3,), prompt=6, device="cpu", ctx_points=(1, 3), profile=True)
     assert r["errors"] == [], r["errors"]
+    assert set(r["profile"]) == {"plugin.prefill", "baseline.prefill", "plugin.decode"}
+    assert all(rows and rows[0]["self_cpu_us"] > 0 for rows in r["profile"].values())
     row = r["results"][0]
     assert row["ratio"] > 1.0 and row["baseline_us"]["recompute_fwd"] == 10.0
     assert row["sanity_rel_l2_plugin_vs_baseline"] < 2e-2

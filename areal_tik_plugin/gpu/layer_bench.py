@@ -130,6 +130,30 @@ def _time(fn, *, graph: bool, errors: list, tag: str):
         return None
 
 
+def _profile(fn, top: int = 15) -> list[dict[str, Any]]:
+    """The ``top`` kernels / ops of one warm call of ``fn`` by self device time (CPU time without a GPU),
+    from torch.profiler: where a phase's time goes (e.g. the plugin's prefill, by kernel)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    fn()
+    _sync()
+    with profile(activities=acts) as prof:
+        fn()
+        _sync()
+    rows = []
+    for e in prof.key_averages():
+        dev = getattr(e, "self_device_time_total", None)
+        if dev is None:
+            dev = getattr(e, "self_cuda_time_total", 0)
+        rows.append({"name": e.key[:160], "count": e.count, "self_device_us": float(dev or 0.0),
+                     "self_cpu_us": float(e.self_cpu_time_total)})
+    key = "self_device_us" if any(r["self_device_us"] for r in rows) else "self_cpu_us"
+    rows.sort(key=lambda r: -r[key])
+    return rows[:top]
+
+
 def _pick(a: dict | None, b: dict | None) -> tuple[float | None, float | None, str]:
     """Same method for both stacks: graph replay when both have it, else cold."""
     if a is None or b is None:
@@ -157,8 +181,9 @@ def _decode_total(points: dict[int, float], R: int, prompt: int = PROMPT) -> flo
 
 
 def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT, device: str = "cuda",
-                ctx_points=None) -> dict[str, Any]:
-    """Every phase of one model's layer; ``prompt``/``device``/``ctx_points`` exist for CPU smoke tests."""
+                ctx_points=None, profile: bool = False) -> dict[str, Any]:
+    """Every phase of one model's layer; ``prompt``/``device``/``ctx_points`` exist for CPU smoke tests.
+    ``profile``: also record the top kernels of the plugin's and the baseline's prefill and decode step."""
     import torch
     import torch.nn.functional as F
 
@@ -222,6 +247,10 @@ def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT
             errors.append(str(e)[:300])
             t_bp = None
         out["prefill"] = {"plugin": t_pp, "baseline": t_bp}
+        if profile:
+            out["profile"] = {"plugin.prefill": _profile(plug_prefill)}
+            if t_bp is not None:
+                out["profile"]["baseline.prefill"] = _profile(bp)
 
         # ---------------- decode step at sampled contexts ------------------------------------------
         x1 = torch.randn(1, H, device=dev, dtype=dt) * 0.5
@@ -282,6 +311,8 @@ def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT
                 dec_plugin[c], dec_base[c] = a, b
                 dec_rows[-1]["method"] = how
         out["decode_steps"] = dec_rows
+        if profile and ctxs:
+            out["profile"]["plugin.decode"] = _profile(plug_step)  # at the last sampled context
 
     # ---------------- policy update (training) ------------------------------------------------------
     params_p = [p for p in plug.parameters() if p.requires_grad]
@@ -375,6 +406,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for the JSON result")
     ap.add_argument("--quick", action="store_true", help="fewer decode context samples (GPU time < ~4 min)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also record the top kernels (torch.profiler) of prefill and of a decode step per model")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list from {list(MODELS)}")
     ap.add_argument("--decode", default=",".join(str(d) for d in DECODES), help="response lengths")
     args = ap.parse_args(argv)
@@ -398,7 +431,7 @@ def main(argv=None) -> int:
     for m in models:
         t0 = time.time()
         try:
-            r = bench_model(m, args.quick, decodes)
+            r = bench_model(m, args.quick, decodes, profile=args.profile)
         except Exception as e:
             r = {"model": m, "errors": [f"{type(e).__name__}: {e}"[:500]], "trace": traceback.format_exc()[-2000:],
                  "results": []}
