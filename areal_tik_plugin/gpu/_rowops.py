@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin import bench
+from areal_tik_plugin.gpu.suite import timed  # noqa: F401 -- re-exported to the row-op modules
 
 DEV = "cuda"
 HBM_TBPS = 4.3  # measured H200 copy bandwidth the targets refer to
@@ -44,15 +45,6 @@ def shuffled_rows(n_full, n, seed=0):
     return torch.randperm(n_full, generator=g)[:n].to(DEV)
 
 
-def timed(rec, name, fn, graph=True):
-    """bench.time_both with warm-up; failures are recorded, never raised."""
-    try:
-        fn()
-        torch.cuda.synchronize()
-        return bench.time_both(fn, graph=graph)
-    except Exception as e:
-        rec.errors.append(f"{name}: {type(e).__name__}: {e}"[:300])
-        return None
 
 
 def tbps(nbytes, t):

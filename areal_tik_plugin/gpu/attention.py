@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from areal_tik_plugin import bench
+from areal_tik_plugin.gpu.suite import timed as _time
 from areal_tik_plugin.ops import attention_decode, attention_extend, attention_varlen
 
 DEV = "cuda"
@@ -362,14 +363,6 @@ def _sdpa_decode_fn(B, ctx, Hq, Hkv, D):
     return fn
 
 
-def _time(rec, name, fn, graph=True):
-    try:
-        fn()
-        torch.cuda.synchronize()
-        return bench.time_both(fn, graph=graph)
-    except Exception as e:
-        rec.errors.append(f"{name}: {type(e).__name__}: {e}"[:300])
-        return None
 
 
 def run_bench(rec, quick: bool = False) -> None:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from areal_tik_plugin import bench
+from areal_tik_plugin.gpu.suite import timed as _time
 from areal_tik_plugin.ops import linear, moe_block, moe_experts, moe_route
 
 DEV = "cuda"
@@ -204,14 +205,6 @@ def run_checks(rec, quick: bool = False) -> None:
 # ------------------------------------------------------------------------------------------------
 # benchmarks
 # ------------------------------------------------------------------------------------------------
-def _time(rec, name, fn, graph=True):
-    try:
-        fn()
-        torch.cuda.synchronize()
-        return bench.time_both(fn, graph=graph)
-    except Exception as e:
-        rec.errors.append(f"{name}: {type(e).__name__}: {e}"[:300])
-        return None
 
 
 def run_bench(rec, quick: bool = False) -> None:

@@ -15,6 +15,19 @@ def bits(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
 
 
+def timed(rec, name, fn, graph=True):
+    """``bench.time_both`` after one warm-up call; a failure is recorded in ``rec.errors``, never raised."""
+    from areal_tik_plugin import bench
+
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return bench.time_both(fn, graph=graph)
+    except Exception as e:
+        rec.errors.append(f"{name}: {type(e).__name__}: {e}"[:300])
+        return None
+
+
 class Recorder:
     def __init__(self, op: str):
         self.op = op
