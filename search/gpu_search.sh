@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call: install the project (offline, no deps), run the knob search on H200 attention, leave the
-# run directory under $OUT. Resumes when $OUT/$NAME already holds a run (or RESUME_FROM names one).
+# run directory under $OUT (and all of it in $OUT/NAME.tgz: commit the unpacked tree under evidence/search/). Resumes when $OUT/$NAME already holds a run (or RESUME_FROM names one).
 #   bash search/gpu_search.sh [NAME] [TIME_BUDGET_S] [extra `tik search run` args, e.g. --max-steps 12]
 # The spec's root latencies are measured on this GPU at initialization (audit E0000).
 set -o pipefail
@@ -26,4 +26,6 @@ python3 -m areal_tik_plugin.cli search run --driver knobs --spec search/specs/h2
 rc=${PIPESTATUS[0]}
 python3 -m areal_tik_plugin.cli search status "$OUT/$NAME" | tee -a "$OUT/$NAME.log"
 python3 -m areal_tik_plugin.cli search report "$OUT/$NAME" 2>/dev/null || echo "(report: run 'tik search report' where matplotlib is installed)"
+# the device returns at most 8 files, 2 folders deep: the whole run directory (records/, impls/) as one tarball
+tar czf "$OUT/$NAME.tgz" -C "$OUT" "$NAME" && echo "run directory: $OUT/$NAME.tgz"
 exit $rc
