@@ -2,7 +2,7 @@
 # GPU calls for the integration issues (SGLang proof, Liger baseline, AReaL recompute saving, verify grid,
 # layer bench, knob search). Needs the carried wheels:
 #   python -m areal_tik_plugin.integrations.sglang_wheels .whl       # SGLang 0.5.23 (trimmed) + deps
-#   .whl-areal/: areal 1.0.4 + the light deps its FSDP engine imports, liger-kernel (see docs/PERF_NOTES.md)
+#   python -m areal_tik_plugin.integrations.areal.gpu_wheels .whl-areal   # areal 1.0.4 + light deps, liger-kernel
 # Usage (device call, carry [".whl", ".whl-areal"]):
 #   bash scripts/gpu_integrations.sh STEP [STEP...]
 # STEPs: sglang | liger | recompute | verify-full | layer-bench | search
