@@ -181,7 +181,8 @@ def launch_worker(spec: dict, workdir: str, timeout: float = 900, stats_dir: str
     if rc != 0 or not os.path.exists(out_path):
         with open(log_path) as f:
             tail = f.read()[-6000:]
-        raise RuntimeError(f"SGLang worker failed (rc={rc}); log tail:\n{tail}")
+        why = f"timed out after {timeout:.0f} s" if rc is None else f"failed (rc={rc})"
+        raise RuntimeError(f"SGLang worker {why}; log tail:\n{tail}")
     with open(out_path) as f:
         return json.load(f)
 

@@ -52,7 +52,10 @@ def main(argv=None) -> int:
     ap.add_argument("--stub-sgl-kernel", action="store_true")
     ap.add_argument("--device", default="cuda", help="cuda (the run), or cpu with --shape tiny (smoke test)")
     ap.add_argument("--shape", default="qwen3-4b", choices=["qwen3-4b", "tiny"])
-    ap.add_argument("--timeout", type=float, default=1500)
+    ap.add_argument("--timeout", type=float, default=1500,
+                    help="seconds for all engines together (each baseline gets what is left, minus --reserve)")
+    ap.add_argument("--reserve", type=float, default=90,
+                    help="seconds kept for the training-side log-probs after the engines")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="extra sglang.Engine argument for every engine, e.g. disable_prefill_cuda_graph=true")
     a = ap.parse_args(argv)
@@ -115,10 +118,16 @@ def main(argv=None) -> int:
               "engine_args": {k: v for k, v in common.items()}, "argv": sys.argv[1:] if argv is None else list(argv),
               "backends": {}}
     results = []
+    deadline = time.time() + a.timeout
     for name, eng_spec in zip(names, engines):  # one worker per engine: a failing baseline keeps tik's result
+        left = deadline - time.time() - (a.reserve if name != "tik" else 0.0)
+        if name != "tik" and left < 30:
+            report["backends"][name] = {"error": f"not run: {left:.0f} s left of --timeout {a.timeout:.0f}"}
+            print(f"{name}: not run (no time left)", flush=True)
+            continue
         with tempfile.TemporaryDirectory() as d:
             try:
-                eng = SC.launch_worker({"engines": [eng_spec]}, d, timeout=a.timeout, extra_env=extra)["engines"][0]
+                eng = SC.launch_worker({"engines": [eng_spec]}, d, timeout=left, extra_env=extra)["engines"][0]
             except RuntimeError as e:
                 if name == "tik":
                     raise
