@@ -25,14 +25,22 @@ WHEELS = [
     "tenacity==9.2.1", "torchdata==0.11.0", "liger-kernel==0.8.5",
 ]
 
+# ``--trainer``: what AReaL's trainers (the GSM8K recipe) import on top, as installed in the CPU CI venv
+# (~22 MB, 20 of them wandb; with .whl and .whl-areal about 60 MiB, under the device's 64 MiB carry).
+TRAINER_WHEELS = [
+    "datasets==5.2.0", "multiprocess==0.70.19", "tensorboardX==2.6.5", "wandb==0.31.0", "math-verify==0.8.0",
+    "latex2sympy2_extended==1.10.2", "platformdirs==4.14.8", "tzdata==2026.6",
+]
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.integrations.areal.gpu_wheels")
     ap.add_argument("dest")
     ap.add_argument("--python-version", default="3.12")
+    ap.add_argument("--trainer", action="store_true", help="also the trainers' deps (the GSM8K recipe on the GPU)")
     a = ap.parse_args(argv)
     os.makedirs(a.dest, exist_ok=True)
-    download(WHEELS, a.dest, a.python_version)
+    download(WHEELS + (TRAINER_WHEELS if a.trainer else []), a.dest, a.python_version)
     total = sum(os.path.getsize(os.path.join(a.dest, f)) for f in os.listdir(a.dest))
     print(f"{len(os.listdir(a.dest))} wheels, {total / 2**20:.1f} MiB in {a.dest}")
     return 0
