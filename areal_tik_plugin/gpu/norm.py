@@ -154,30 +154,27 @@ def run_checks(rec, quick: bool = False) -> None:
 # ------------------------------------------------------------------------------------------------
 # benchmarks
 # ------------------------------------------------------------------------------------------------
-def _liger_norm(H, eps, w):
+def _liger_module(cls_path, H, eps, w):
+    """A Liger norm module (``module:Class``) holding weight ``w`` (frozen), or None without Liger."""
     try:
-        from liger_kernel.transformers.rms_norm import LigerRMSNorm
+        import importlib
 
-        m = LigerRMSNorm(H, eps).to(device=DEV, dtype=w.dtype)
+        mod, cls = cls_path.split(":")
+        m = getattr(importlib.import_module(mod), cls)(H, eps).to(device=DEV, dtype=w.dtype)
         with torch.no_grad():
             m.weight.copy_(w)
         m.weight.requires_grad_(False)
         return m
     except Exception:
         return None
+
+
+def _liger_norm(H, eps, w):
+    return _liger_module("liger_kernel.transformers.rms_norm:LigerRMSNorm", H, eps, w)
 
 
 def _liger_fused_add(H, eps, w):
-    try:
-        from liger_kernel.transformers.fused_add_rms_norm import LigerFusedAddRMSNorm
-
-        m = LigerFusedAddRMSNorm(H, eps).to(device=DEV, dtype=w.dtype)
-        with torch.no_grad():
-            m.weight.copy_(w)
-        m.weight.requires_grad_(False)
-        return m
-    except Exception:
-        return None
+    return _liger_module("liger_kernel.transformers.fused_add_rms_norm:LigerFusedAddRMSNorm", H, eps, w)
 
 
 def _bench_case(rec, ratios, name, ours_fn, hf_fn, liger_fn, nbytes, T, **fields):
