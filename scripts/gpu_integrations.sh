@@ -5,7 +5,7 @@
 #   python -m areal_tik_plugin.integrations.areal.gpu_wheels .whl-areal   # areal 1.0.4 + light deps, liger-kernel
 # Usage (device call, carry [".whl", ".whl-areal"]):
 #   bash scripts/gpu_integrations.sh STEP [STEP...]
-# STEPs: sglang | liger | recompute | verify-full | layer-bench | search
+# STEPs: sglang | liger | recompute | verify-full | layer-bench | gemm-sweep | host | search
 # Everything lands in $OUT/bundle.tgz (plus the step JSONs next to it); a short table per step on stdout.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -58,15 +58,23 @@ for step in "$@"; do
         grep -E '"(recompute_s|update_s|step_with_recompute_s|step_without_recompute_s|saving_fraction)"' "$W/recompute-$mode.log"
       done;;
     verify-full)
+      lim=(${TIK_VERIFY_LIMITS:-400 400 400})  # seconds per model, in this order
+      i=0
       for m in "qwen2.5-1.5b" "qwen3-4b" "qwen3-30b-a3b --layers 4"; do
         set -- $m
-        timeout 400 python3 -m areal_tik_plugin.verify --model $m --prompt-len 1024 --response-len 128..1024 \
+        timeout "${lim[$i]}" python3 -m areal_tik_plugin.verify --model $m --prompt-len 1024 --response-len 128..1024 \
           --batch "${TIK_VERIFY_BATCH:-64}" --out "$W/verify-$1.json" >"$W/verify-$1.log" 2>&1 || rc=1
-        tail -3 "$W/verify-$1.log"
+        tail -3 "$W/verify-$1.log"; i=$((i + 1))
       done;;
     layer-bench)
       timeout "${TIK_LB_LIMIT:-500}" python3 -m areal_tik_plugin.gpu.layer_bench --out "$W" ${TIK_LB_ARGS:---quick} >"$W/layer_bench.log" 2>&1 || rc=1
       tail -20 "$W/layer_bench.log";;
+    gemm-sweep)
+      timeout "${TIK_GS_LIMIT:-300}" python3 -m areal_tik_plugin.gpu.gemm_sweep --out "$W" ${TIK_GS_ARGS:-} >"$W/gemm_sweep.log" 2>&1 || rc=1
+      grep -vE "^\s*$" "$W/gemm_sweep.log" | tail -66 | cut -c1-150;;
+    host)
+      timeout 120 python3 -m areal_tik_plugin.gpu.host_overhead --out "$W" >"$W/host.log" 2>&1 || rc=1
+      head -12 "$W/host.log"; grep -A30 "ncalls" "$W/host.log" | cut -c1-150;;
     search)
       OUT=$W bash search/gpu_search.sh h200-knobs "${TIK_SEARCH_BUDGET_S:-300}" >"$W/search.log" 2>&1 || rc=1
       tail -20 "$W/search.log";;

@@ -71,7 +71,8 @@ def test_config_table_is_shape_only_and_complete():
             seen.add(cfg["name"])
             if M <= 64:
                 assert cfg["BLOCK_M"] >= M and cfg["name"].startswith("small")
-    assert len(seen) >= 8
+    # every decode-sized tile is reached by some shape, and at least one large tile
+    assert {n for n in names if n.startswith("small")} <= seen and any(n.startswith("large") for n in seen)
 
 
 def test_leading_dims_and_strided_x():

@@ -40,19 +40,25 @@ from . import contract as C
 # Decode-sized M (<= 64): weight-bandwidth bound. One row tile (x rows past M are masked, so they
 # cost no memory traffic); many programs over N; a deep cp.async pipeline so that each program keeps
 # ~SMALL_M_INFLIGHT_BYTES of weights in flight (Little's law: ~4.8 TB/s x ~0.8 us over 132 SMs).
+# Values from the H200 sweep (python -m areal_tik_plugin.gpu.gemm_sweep, 12 dense shapes of
+# Qwen2.5-1.5B / Qwen3-4B / Qwen3-8B / Qwen3-30B-A3B, weights streamed from HBM): BLOCK_N 32 unless
+# that leaves fewer than 0.6 programs per SM, then 16; 4 warps; <= 12 stages.
 SMALL_M_TABLE = ((16, 16), (32, 32), (64, 64))      # (max_M, BLOCK_M)
-SMALL_M_BLOCK_N = (64, 32, 16)                      # largest giving >= SMALL_M_MIN_PROGRAMS_PER_SM
-SMALL_M_MIN_PROGRAMS_PER_SM = 1
+SMALL_M_BLOCK_N = (32, 16)                          # largest giving >= SMALL_M_MIN_PROGRAMS_PER_SM
+SMALL_M_MIN_PROGRAMS_PER_SM = 0.6
 SMALL_M_INFLIGHT_BYTES = 32 * 1024
+SMALL_M_MAX_STAGES = 12
+SMALL_M_WARPS = 4
+SMALL_M_TMA = False                                 # pointer loads measured ~3% faster at BLOCK_M 64
 SMALL_M_SMEM_BUDGET = 160 * 1024
 # Larger M: compute bound. Candidate tiles (BLOCK_M, BLOCK_N, num_warps, num_stages, programs per
 # SM that fit in shared memory, relative per-SM throughput); config_for picks the one with the
-# least modeled time (waves x tile work / throughput).
+# least modeled time (waves x tile work / throughput). The same sweep measured 128x128 with one
+# warpgroup (4 warps, 4 stages) fastest at M = 1024 and 4096 on every shape but two, where 64x256
+# was within 2%; every 8-warp tile was 5-40% slower.
 LARGE_M_TILES = (
-    (128, 256, 8, 4, 1, 1.00),
-    (128, 128, 8, 4, 1, 0.88),
-    (64, 128, 4, 4, 2, 0.72),
-    (64, 64, 4, 4, 3, 0.50),
+    (128, 128, 4, 4, 1, 1.00),
+    (64, 256, 4, 4, 1, 0.98),
 )
 GROUP_M = 8              # grouped (swizzled) tile order for L2 reuse
 USE_TMA = True           # TMA descriptor loads/stores for BLOCK_M >= TMA_MIN_BLOCK_M when aligned
@@ -65,8 +71,11 @@ KNOBS = {
     "free": {
         "SMALL_M_TABLE": SMALL_M_TABLE,
         "SMALL_M_BLOCK_N": SMALL_M_BLOCK_N,
-        "SMALL_M_MIN_PROGRAMS_PER_SM": (1, 2, 3, 4),
+        "SMALL_M_MIN_PROGRAMS_PER_SM": (0.5, 0.6, 1, 2),
         "SMALL_M_INFLIGHT_BYTES": (16384, 32768, 65536),
+        "SMALL_M_MAX_STAGES": (5, 8, 12, 17),
+        "SMALL_M_WARPS": (2, 4),
+        "SMALL_M_TMA": (False, True),
         "LARGE_M_TILES": LARGE_M_TILES,
         "GROUP_M": (1, 4, 8, 16),
         "USE_TMA": (False, True),
@@ -212,9 +221,9 @@ def config_for(M: int, N: int, K: int, num_sms: int = 132, cpu: bool = False) ->
 def _small_config(bm: int, bn: int) -> dict:
     bytes_per_stage = bn * C.GEMM_BLOCK_K * 2
     stages = 1 + max(1, SMALL_M_INFLIGHT_BYTES // bytes_per_stage)
-    stages = max(2, min(stages, SMALL_M_SMEM_BUDGET // ((bm + bn) * C.GEMM_BLOCK_K * 2)))
-    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4 if bn >= 32 else 2, num_stages=stages, GROUP_M=1,
-                tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"small_m{bm}_n{bn}")
+    stages = min(stages, SMALL_M_MAX_STAGES, SMALL_M_SMEM_BUDGET // ((bm + bn) * C.GEMM_BLOCK_K * 2))
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=SMALL_M_WARPS, num_stages=max(2, stages), GROUP_M=1,
+                tma=SMALL_M_TMA and USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"small_m{bm}_n{bn}")
 
 
 def all_configs() -> list[dict]:
