@@ -33,8 +33,10 @@ def _cmd_evidence(args) -> int:
             print(f"{op:<12}{'yes' if v['evidence_matches_hash'] else 'NO':>9}{v['checks_passed']:>8}{v['checks_failed']:>8}  {b}")
         for m in s["models"]:
             state = "bit-identical" if m["plugin_bit_identical"] else "NOT bit-identical"
+            lo, hi = m.get("response_len_min", m["response_len"]), m["response_len"]
+            resp = f"{hi}" if lo == hi else f"{lo}..{hi}"
             print(f"model {m['model']} ({m['layers']} layers) on {m['gpu'] or m['device']}: {state}, batch {m['batch']}, "
-                  f"prompt {m['prompt_len']}, response {m['response_len']}"
+                  f"prompt {m['prompt_len']}, response {resp}"
                   f"{'' if m['matches_hash'] else ' (older kernel hash)'}")
         integ = s["integrations"]
         for r in integ["layer_bench"]:
@@ -43,7 +45,12 @@ def _cmd_evidence(args) -> int:
         for r in integ["sglang_gpu"]:
             state = "bit-identical" if r["bit_identical"] else "NOT bit-identical"
             print(f"SGLang Engine tik on {r['gpu'] or r['device']} ({r['file']}): {r['requests']} requests {state} "
-                  f"vs the training path, ops through ours: {r['ops_through_ours']}")
+                  f"vs the training path, ops through ours: {r['ops_through_ours']}"
+                  + {True: ", CUDA graphs", False: ", eager", None: ""}[r.get("cuda_graphs")])
+            tps = {k: v["greedy_tokens_per_s"] for k, v in r["backends"].items() if v.get("greedy_tokens_per_s")}
+            if "tik" in tps and len(tps) > 1:
+                print("  tokens/s (same workload): " + ", ".join(
+                    f"{k} {v:.0f}" + ("" if k == "tik" else f" (tik {tps['tik'] / v:.2f}x)") for k, v in tps.items()))
         by_mode = {r["tik"]: r for r in integ["areal_recompute"]}
         if True in by_mode and False in by_mode:
             b, t = by_mode[False], by_mode[True]

@@ -136,6 +136,7 @@ def model_summary(impl, root: str | None = None) -> list[dict[str, Any]]:
             "batch": rec.get("batch"),
             "prompt_len": max(rec.get("prompt_lens") or [0]),
             "response_len": max(rec.get("response_lens") or [0]),
+            "response_len_min": min(rec.get("response_lens") or [0]),
             "matches_hash": ih.get("name") == impl.name and ih.get("source_hash") == impl.source_hash,
             "plugin_bit_identical": bool(rec.get("plugin_bit_identical")),
             "n_checks": len(checks),
@@ -188,6 +189,7 @@ def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[st
             "bit_identical": not rec["bitwise_mismatching_requests"] and bool(rec.get("requests")),
             "ops_through_ours": bool((rec.get("ops") or {}).get("ok")),
             "matches_hash": (ih.get("name") == impl.name and ih.get("source_hash") == impl.source_hash) if ih else None,
+            "cuda_graphs": not (rec.get("engine_args") or {}).get("disable_cuda_graph", True) if "engine_args" in rec else None,
             "backends": {k: ({"error": True} if "error" in v else {"greedy_tokens_per_s": v.get("greedy_tokens_per_s")})
                          for k, v in (rec.get("backends") or {}).items()},
         })
