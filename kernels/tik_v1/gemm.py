@@ -26,13 +26,14 @@ Two kernels with the same arithmetic:
 
 from __future__ import annotations
 
-import os
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from . import contract as C
+from ._rowops import cdiv as _cdiv, interpreting as _rowops_interpreting, next_pow2 as _next_pow2
 
 # ------------------------------------------------------------------------------------------------
 # Free knobs (bits do not depend on any of these; the search may move them freely).
@@ -84,7 +85,7 @@ KNOBS = {
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _rowops_interpreting()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -191,25 +192,31 @@ def config_for(M: int, N: int, K: int, num_sms: int = 132, cpu: bool = False) ->
     """Tile configuration for an [M, K] x [N, K]^T problem (a free knob: any result keeps the bits).
 
     Returns a dict with BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M, tma (bool), name.
+    Memoized per shape (host overhead): a fresh dict each call.
     """
+    return dict(_config_for(M, N, K, num_sms, cpu))
+
+
+@functools.lru_cache(maxsize=4096)
+def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
     if cpu:
-        bm = min(CPU_BLOCK[0], max(16, triton.next_power_of_2(max(M, 1))))
-        bn = min(CPU_BLOCK[1], max(16, triton.next_power_of_2(max(N, 1))))
+        bm = min(CPU_BLOCK[0], max(16, _next_pow2(max(M, 1))))
+        bn = min(CPU_BLOCK[1], max(16, _next_pow2(max(N, 1))))
         return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1, GROUP_M=GROUP_M, tma=False,
                     name=f"cpu_m{bm}_n{bn}")
     if M <= SMALL_M_TABLE[-1][0]:
         bm = next(b for max_m, b in SMALL_M_TABLE if M <= max_m)
         bn = SMALL_M_BLOCK_N[-1]
         for cand in SMALL_M_BLOCK_N:
-            if triton.cdiv(N, cand) >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
+            if _cdiv(N, cand) >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
                 bn = cand
                 break
         return _small_config(bm, bn)
     best, best_time = None, float("inf")
     for bm, bn, warps, stages, per_sm, speed in LARGE_M_TILES:
-        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-        waves = triton.cdiv(tiles, num_sms * per_sm)
-        sharing = min(per_sm, triton.cdiv(tiles, num_sms))  # programs sharing one SM
+        tiles = _cdiv(M, bm) * _cdiv(N, bn)
+        waves = _cdiv(tiles, num_sms * per_sm)
+        sharing = min(per_sm, _cdiv(tiles, num_sms))  # programs sharing one SM
         est = waves * bm * bn * sharing / speed             # relative time model
         if est < best_time * (1 - 1e-9):
             best, best_time = (bm, bn, warps, stages), est
@@ -260,7 +267,7 @@ def linear(x, weight, bias=None, config=None, out=None):
         return y
     cfg = config or config_for(M, N, K, _num_sms(x.device), cpu=_interpreting())
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], C.GEMM_BLOCK_K
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    grid = (_cdiv(M, bm) * _cdiv(N, bn),)
     has_bias = bias is not None
     b = bias if has_bias else y
     if cfg["tma"] and _tma_ok(x, weight, y):
