@@ -74,30 +74,55 @@ def main(argv=None) -> int:
 
     bk = C.GEMM_BLOCK_K
     aligned_ptr = list(range(10))
+    # split-K variants: (CHUNK_K, N_CHUNKS) = (0, 1) is the unsplit chain; (1984, 5) is Qwen3-4B's
+    # down_proj (gemm.split_chunk(2560, 9728)): large configs keep a second accumulator ("fused"),
+    # small ones write chunk partials (_linear_partial_kernel) reduced by _linear_reduce_kernel
+    splits = ((0, 1), (gemm.split_chunk(2560, 9728), -(-9728 // gemm.split_chunk(2560, 9728))))
     for dt in ("bf16", "fp16"):
         for cfg in gemm.all_configs():
             bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
             opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=False)
-            for has_bias, even_k in ((False, True), (True, True), (True, False)):
-                sig = {"X": f"*{dt}", "W": f"*{dt}", "Bias": f"*{dt}", "Y": f"*{dt}", "M": "i32", "N": "i32",
-                       "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32",
-                       "HAS_BIAS": "constexpr", "EVEN_K": "constexpr", "BLOCK_M": "constexpr",
-                       "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "GROUP": "constexpr"}
-                consts = dict(HAS_BIAS=has_bias, EVEN_K=even_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                              GROUP=cfg["GROUP_M"])
-                compile_one(f"linear_ptr/{dt}/{cfg['name']}/b{int(has_bias)}e{int(even_k)}", gemm._linear_ptr_kernel,
-                            sig, consts, [i for i in aligned_ptr if i != 4], opts)
-            if cfg["tma"]:
-                for has_bias in (False, True):
-                    def desc(shape):
-                        return f"tensordesc<{dt}[{shape[0]}, {shape[1]}]>"
+            fused = cfg.get("split") == "fused"
+            for chunk, n_chunks in splits if cfg.get("split_weight") else splits[:1]:
+                tag = f"/split{n_chunks}" if n_chunks > 1 else ""
+                for has_bias, even_k in ((False, True), (True, True), (True, False)):
+                    sig = {"X": f"*{dt}", "W": f"*{dt}", "Bias": f"*{dt}", "Y": f"*{dt}", "M": "i32", "N": "i32",
+                           "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32",
+                           "HAS_BIAS": "constexpr", "EVEN_K": "constexpr", "BLOCK_M": "constexpr",
+                           "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "GROUP": "constexpr",
+                           "CHUNK_K": "constexpr", "N_CHUNKS": "constexpr"}
+                    consts = dict(HAS_BIAS=has_bias, EVEN_K=even_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                  GROUP=cfg["GROUP_M"], CHUNK_K=chunk, N_CHUNKS=n_chunks)
+                    compile_one(f"linear_ptr/{dt}/{cfg['name']}{tag}/b{int(has_bias)}e{int(even_k)}",
+                                gemm._linear_ptr_kernel, sig, consts, [i for i in aligned_ptr if i != 4], opts)
+                if cfg["tma"]:
+                    for has_bias in (False, True):
+                        def desc(shape):
+                            return f"tensordesc<{dt}[{shape[0]}, {shape[1]}]>"
 
-                    sig = {"x_desc": desc([bm, bk]), "w_desc": desc([bn, bk]), "y_desc": desc([bm, bn]),
-                           "Bias": f"*{dt}", "M": "i32", "N": "i32", "K": "i32", "HAS_BIAS": "constexpr",
-                           "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "GROUP": "constexpr"}
-                    consts = dict(HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"])
-                    compile_one(f"linear_tma/{dt}/{cfg['name']}/b{int(has_bias)}", gemm._linear_tma_kernel,
-                                sig, consts, [3, 5, 6], opts)
+                        sig = {"x_desc": desc([bm, bk]), "w_desc": desc([bn, bk]), "y_desc": desc([bm, bn]),
+                               "Bias": f"*{dt}", "M": "i32", "N": "i32", "K": "i32", "HAS_BIAS": "constexpr",
+                               "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+                               "GROUP": "constexpr", "CHUNK_K": "constexpr", "N_CHUNKS": "constexpr"}
+                        consts = dict(HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
+                                      CHUNK_K=chunk, N_CHUNKS=n_chunks)
+                        compile_one(f"linear_tma/{dt}/{cfg['name']}{tag}/b{int(has_bias)}", gemm._linear_tma_kernel,
+                                    sig, consts, [3, 5, 6], opts)
+            if not fused:
+                chunk, n_chunks = splits[1]
+                for even_k in (True, False):
+                    sig = {"X": f"*{dt}", "W": f"*{dt}", "P": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+                           "stride_xm": "i32", "stride_wn": "i32", "EVEN_K": "constexpr", "BLOCK_M": "constexpr",
+                           "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "GROUP": "constexpr", "CHUNK_K": "constexpr"}
+                    consts = dict(EVEN_K=even_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], CHUNK_K=chunk)
+                    compile_one(f"linear_partial/{dt}/{cfg['name']}/e{int(even_k)}", gemm._linear_partial_kernel,
+                                sig, consts, [0, 1, 2, 4, 6, 7], opts)
+        for has_bias in (False, True):
+            sig = {"P": "*fp32", "Bias": f"*{dt}", "Y": f"*{dt}", "M": "i32", "N": "i32", "stride_ym": "i32",
+                   "HAS_BIAS": "constexpr", "N_CHUNKS": "constexpr", "BLOCK": "constexpr"}
+            compile_one(f"linear_reduce/{dt}/b{int(has_bias)}", gemm._linear_reduce_kernel, sig,
+                        dict(HAS_BIAS=has_bias, N_CHUNKS=splits[1][1], BLOCK=gemm.REDUCE_BLOCK), [0, 1, 2, 5],
+                        dict(num_warps=4, num_stages=1, enable_fp_fusion=False), False)
 
     E, K_TOP = 128, 8
     e_pad = max(16, triton.next_power_of_2(E))

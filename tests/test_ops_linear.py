@@ -165,3 +165,60 @@ def test_bad_inputs():
         ops.linear(x.t().contiguous().t(), w)
     with pytest.raises(ValueError, match="contiguous"):
         ops.linear(x, w.t().contiguous().t())
+
+
+# ------------------------------------------------------------------------------------------------
+# split-K by weight shape (contract.py GEMM section): narrow long-K weights
+# ------------------------------------------------------------------------------------------------
+SPLIT_SHAPES = ((2112, 48), (2100, 33))  # (K, N): 4 chunks each, the second with a masked K tail
+
+
+def test_split_rule_depends_on_the_weight_only():
+    gemm = get_implementation().module("gemm")
+    for K, N in SPLIT_SHAPES:
+        chunk = gemm.split_chunk(N, K)
+        assert chunk % 64 == 0 and -(-K // chunk) == 4
+    assert gemm.split_chunk(80, 192) >= 192          # short K: no split
+    assert gemm.split_chunk(151936, 2560) >= 2560    # many column tiles: no split
+    assert -(-9728 // gemm.split_chunk(2560, 9728)) == 5   # Qwen3-4B down_proj
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K,N", SPLIT_SHAPES)
+def test_split_rows_invariant_to_batch(dtype, K, N):
+    """Rows alone (partial + ordered reduce) == rows inside large-M calls (chunk sums in registers)."""
+    x, w, b = _data(131, K, N, dtype, seed=K + N)
+    full = ops.linear(x, w, b)                          # M = 131: the fused (register) path
+    g = torch.Generator().manual_seed(2)
+    for M in (1, 5, 64, 65, 100):                       # <= 64: workspace path; > 64: fused
+        idx = torch.randperm(131, generator=g)[:M]
+        _assert_bits(ops.linear(x[idx].contiguous(), w, b), full[idx], f"M={M}")
+    for i in (0, 77, 130):
+        _assert_bits(ops.linear(x[i:i + 1], w, b), full[i:i + 1], f"row {i} alone")
+
+
+def test_split_every_config_and_path_same_bits():
+    gemm = get_implementation().module("gemm")
+    K, N = SPLIT_SHAPES[0]
+    for bias in (False, True):
+        x, w, b = _data(70, K, N, torch.bfloat16, seed=5, bias=bias)
+        ref = gemm.linear(x, w, b)
+        for cfg in gemm.all_configs():
+            for split in ("partial", "fused"):
+                got = gemm.linear(x, w, b, config={**cfg, "split": split})
+                _assert_bits(got, ref, f"{cfg['name']} {split} bias={bias}")
+
+
+def test_split_differs_from_one_chain_and_is_accurate(monkeypatch):
+    """The split is in effect (some bits differ from one unsplit chain) and stays accurate vs fp64."""
+    gemm = get_implementation().module("gemm")
+    K, N = SPLIT_SHAPES[0]
+    x, w, b = _data(64, K, N, torch.float16, seed=9)
+    y = ops.linear(x, w, b)
+    ref = x.double() @ w.double().T + b.double()
+    atol, rtol = TOL[torch.float16]
+    assert ((y.double() - ref).abs() <= atol + rtol * ref.abs()).all()
+    monkeypatch.setattr(gemm, "split_chunk", lambda n, k: k)  # one chain over all of K
+    one = ops.linear(x, w, b)
+    assert ((one.double() - ref).abs() <= atol + rtol * ref.abs()).all()
+    assert not torch.equal(_bits(y), _bits(one))
