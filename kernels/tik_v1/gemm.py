@@ -53,7 +53,7 @@ from ._rowops import cdiv as _cdiv, interpreting as _rowops_interpreting, next_p
 SMALL_M_TABLE = ((16, 16), (32, 32), (64, 64))      # (max_M, BLOCK_M)
 SMALL_M_BLOCK_N = (32, 16)                          # largest giving >= SMALL_M_MIN_PROGRAMS_PER_SM
 SMALL_M_MIN_PROGRAMS_PER_SM = 0.6
-SMALL_M_INFLIGHT_BYTES = 32 * 1024
+SMALL_M_INFLIGHT_BYTES = 32768
 SMALL_M_MAX_STAGES = 12
 SMALL_M_WARPS = 4
 SMALL_M_TMA = False                                 # pointer loads measured ~3% faster at BLOCK_M 64
