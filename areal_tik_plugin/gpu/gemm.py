@@ -103,10 +103,14 @@ def _check_all_configs(rec, tag, N, K, has_bias, M=300):
     gemm = _gemm()
     x, w, b = _data(M, N, K, torch.bfloat16, has_bias, seed=1)
     ref = gemm.linear(x, w, b)
+    split = gemm.split_chunk(N, K) < K
     for cfg in gemm.all_configs():
         rec.bitwise(f"config[{tag}/{cfg['name']}]", gemm.linear(x, w, b, config=cfg), ref)
         if cfg["tma"]:
             rec.bitwise(f"config[{tag}/{cfg['name']}/no_tma]", gemm.linear(x, w, b, config=dict(cfg, tma=False)), ref)
+        if split:  # a split weight: the other path (workspace + ordered reduce vs registers) too
+            other = "fused" if cfg.get("split") == "partial" else "partial"
+            rec.bitwise(f"config[{tag}/{cfg['name']}/{other}]", gemm.linear(x, w, b, config=dict(cfg, split=other)), ref)
     # one row alone through each small-M config == the default big-M result
     for cfg in gemm.all_configs():
         if cfg["name"].startswith("small"):
@@ -124,8 +128,7 @@ def _check_config_coverage(rec):
 
 
 def _check_graph(rec):
-    N, K = 5120, 2048
-    for M in (1, 8, 64, 1024):
+    for (N, K), M in [((5120, 2048), m) for m in (1, 8, 64, 1024)] + [((2560, 9728), m) for m in (1, 64, 300)]:
         x, w, _ = _data(M, N, K, seed=M)
         out = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
         gemm = _gemm()
@@ -145,7 +148,7 @@ def _check_graph(rec):
             x.copy_(torch.randn_like(x))
             g.replay()
             torch.cuda.synchronize()
-            rec.bitwise(f"graph_replay_vs_eager[M={M}/{it}]", out.clone(), linear(x, w))
+            rec.bitwise(f"graph_replay_vs_eager[N={N}/K={K}/M={M}/{it}]", out.clone(), linear(x, w))
         # the public op captured too (allocates inside the graph)
         g2 = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g2):
@@ -153,7 +156,7 @@ def _check_graph(rec):
         x.copy_(torch.randn_like(x))
         g2.replay()
         torch.cuda.synchronize()
-        rec.bitwise(f"graph_op_vs_eager[M={M}]", y_static.clone(), linear(x, w))
+        rec.bitwise(f"graph_op_vs_eager[N={N}/K={K}/M={M}]", y_static.clone(), linear(x, w))
 
 
 def _check_accuracy(rec, quick, shapes=None, Ms=None):
