@@ -5,6 +5,11 @@ device is not the bottleneck.
 writes ``host_overhead.json``: for one decoder layer's prefill (the layer bench's plugin prefill),
 host issue time per call (no sync), wall time per call with a sync, device time per call
 (events around a batch), the same per op, and the top functions of a cProfile over the calls.
+
+``--stub-launch`` (any machine, no GPU needed): every Triton kernel launch is replaced by a no-op and
+the layer runs on CPU tensors of ``--tokens`` (default 4) rows, so the time measured is the Python
+host path of our ops and launchers alone (Triton's own launch path excluded). Use it to compare a
+launcher change before a GPU run.
 """
 
 from __future__ import annotations
@@ -44,16 +49,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.gpu.host_overhead")
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="qwen3-4b")
-    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=None, help="prefill tokens (default 1024; 4 with --stub-launch)")
+    ap.add_argument("--stub-launch", action="store_true", help="no-op kernel launches, CPU tensors: host Python only")
     args = ap.parse_args(argv)
     import torch
+
+    if args.stub_launch:
+        return _stub_main(args)
 
     from areal_tik_plugin import ops
     from areal_tik_plugin.gpu.layer_bench import build_layer
     from areal_tik_plugin.integrations import transformers as T
     from areal_tik_plugin.verify import layer_step
 
-    dev, dt, P = torch.device("cuda"), torch.bfloat16, args.tokens
+    dev, dt, P = torch.device("cuda"), torch.bfloat16, args.tokens or 1024
     cfg, base, rotary, _mod, _notes = build_layer(args.model, dt, dev)
     plug = T.apply_to_module(copy.deepcopy(base), cfg.model_type)
     inv, sc = T.rope_params(rotary, dev)
@@ -109,6 +118,69 @@ def main(argv=None) -> int:
     for name, r in res["ops"].items():
         print(f"  {name:<20}" + "  ".join(f"{k} {v:8.1f}" for k, v in r.items()))
     print("\n".join(res["cprofile_tottime"].splitlines()[:40]))
+    return 0
+
+
+def _stub_main(args) -> int:
+    """Host Python time of one layer prefill with every Triton launch a no-op (see module doc)."""
+    import torch
+    import triton.runtime.jit as J
+
+    from areal_tik_plugin.loader import get_implementation
+
+    get_implementation()  # the loader decides interpreter vs compiled before the kernels exist
+    from triton.runtime import interpreter as I
+
+    def noop(*a, **k):
+        return None
+
+    for cls in (J.JITFunction, getattr(I, "InterpretedFunction", None)):
+        if cls is not None:
+            cls.__getitem__ = lambda self, grid: noop
+    from areal_tik_plugin import ops
+    from areal_tik_plugin.gpu.layer_bench import build_layer
+    from areal_tik_plugin.integrations import transformers as T
+    from areal_tik_plugin.ops import _validate as V
+    from areal_tik_plugin.verify import layer_step
+
+    V.check_values = lambda device: False  # as on the GPU (value checks need a host sync there)
+    dev, dt, P = torch.device("cpu"), torch.bfloat16, args.tokens or 4
+    cfg, base, rotary, _mod, _notes = build_layer(args.model, dt, dev)
+    plug = T.apply_to_module(copy.deepcopy(base), cfg.model_type)
+    inv, sc = T.rope_params(rotary, dev)
+    Hkv, D = cfg.num_key_value_heads, base.self_attn.head_dim
+    kpool = torch.zeros(P + 1, Hkv, D, dtype=dt)
+    vpool = torch.zeros_like(kpool)
+    table = torch.arange(1, P + 1, dtype=torch.int32)[None]
+    rows = torch.zeros(1, dtype=torch.int32)
+    xp = torch.randn(P, cfg.hidden_size, dtype=dt)
+    pos = torch.arange(P)
+    loc = table[0, :P].to(torch.int64)
+    cu = torch.tensor([0, P], dtype=torch.int32)
+    zero = torch.zeros(1, dtype=torch.int32)
+
+    def layer():
+        with torch.no_grad():
+            return layer_step(plug, xp, pos, inv, sc, kpool, vpool, loc, lambda q, s: ops.attention_extend(
+                q, kpool, vpool, cu_seqlens_q=cu, prefix_lens=zero, kv_indices=table, table_rows=rows,
+                max_extend_len=P, softmax_scale=s))
+
+    for _ in range(20):
+        layer()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(200):
+            layer()
+        best = min(best, (time.perf_counter() - t0) / 200 * 1e6)
+    impl = get_implementation()
+    res = {"model": args.model, "tokens": P, "stub_launch": True, "host_us_per_layer": best,
+           "implementation": impl.name, "source_hash": impl.source_hash}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "host_overhead_stub.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"{args.model} layer prefill, launches stubbed, {P} tokens: {best:.1f} us host Python per layer "
+          f"(kernels {impl.name} {impl.source_hash[:12]})")
     return 0
 
 
