@@ -45,6 +45,43 @@ def _host_and_wall(fn, n: int = 20) -> dict:
     return {"host_us": host * 1e6, "wall_us": wall * 1e6, "events_us": a.elapsed_time(b) * 1e3 / n}
 
 
+def _layer(model: str, device, P: int):
+    """One plugin-patched decoder layer of ``model`` and a prefill of P tokens over a KV pool, as the
+    layer bench's plugin prefill runs it: returns (plug, parts dict, layer())."""
+    import torch
+
+    from areal_tik_plugin import ops
+    from areal_tik_plugin.gpu.layer_bench import build_layer
+    from areal_tik_plugin.integrations import transformers as T
+    from areal_tik_plugin.verify import layer_step
+
+    dev, dt = torch.device(device), torch.bfloat16
+    cfg, base, rotary, _mod, _notes = build_layer(model, dt, dev)
+    plug = T.apply_to_module(copy.deepcopy(base), cfg.model_type)
+    inv, sc = T.rope_params(rotary, dev)
+    Hkv, D = cfg.num_key_value_heads, base.self_attn.head_dim
+    kpool = torch.randn(P + 1, Hkv, D, device=dev, dtype=dt)
+    vpool = torch.randn_like(kpool)
+    table = torch.arange(1, P + 1, dtype=torch.int32, device=dev)[None]
+    rows = torch.zeros(1, dtype=torch.int32, device=dev)
+    xp = torch.randn(P, cfg.hidden_size, device=dev, dtype=dt) * 0.5
+    pos = torch.arange(P, device=dev)
+    loc = table[0, :P].to(torch.int64)
+    cu = torch.tensor([0, P], dtype=torch.int32, device=dev)
+    zero = torch.zeros(1, dtype=torch.int32, device=dev)
+
+    def attend(q, s):
+        return ops.attention_extend(q, kpool, vpool, cu_seqlens_q=cu, prefix_lens=zero, kv_indices=table,
+                                    table_rows=rows, max_extend_len=P, softmax_scale=s)
+
+    def layer():
+        with torch.no_grad():
+            return layer_step(plug, xp, pos, inv, sc, kpool, vpool, loc, attend)
+
+    parts = dict(xp=xp, pos=pos, inv=inv, sc=sc, kpool=kpool, vpool=vpool, loc=loc, attend=attend)
+    return plug, parts, layer
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.gpu.host_overhead")
     ap.add_argument("--out", required=True)
@@ -58,33 +95,12 @@ def main(argv=None) -> int:
         return _stub_main(args)
 
     from areal_tik_plugin import ops
-    from areal_tik_plugin.gpu.layer_bench import build_layer
     from areal_tik_plugin.integrations import transformers as T
-    from areal_tik_plugin.verify import layer_step
 
-    dev, dt, P = torch.device("cuda"), torch.bfloat16, args.tokens or 1024
-    cfg, base, rotary, _mod, _notes = build_layer(args.model, dt, dev)
-    plug = T.apply_to_module(copy.deepcopy(base), cfg.model_type)
-    inv, sc = T.rope_params(rotary, dev)
-    Hkv, D, H = cfg.num_key_value_heads, base.self_attn.head_dim, cfg.hidden_size
-    slots = P + 1
-    kpool = torch.randn(slots, Hkv, D, device=dev, dtype=dt)
-    vpool = torch.randn_like(kpool)
-    table = torch.arange(1, slots, dtype=torch.int32, device=dev)[None]
-    rows = torch.zeros(1, dtype=torch.int32, device=dev)
-    xp = torch.randn(P, H, device=dev, dtype=dt) * 0.5
-    pos = torch.arange(P, device=dev)
-    loc = table[0, :P].to(torch.int64)
-    cu = torch.tensor([0, P], dtype=torch.int32, device=dev)
-    zero = torch.zeros(1, dtype=torch.int32, device=dev)
-
-    def attend(q, s):
-        return ops.attention_extend(q, kpool, vpool, cu_seqlens_q=cu, prefix_lens=zero, kv_indices=table,
-                                    table_rows=rows, max_extend_len=P, softmax_scale=s)
-
-    def layer():
-        return layer_step(plug, xp, pos, inv, sc, kpool, vpool, loc, attend)
-
+    P = args.tokens or 1024
+    plug, d, layer = _layer(args.model, "cuda", P)
+    xp, pos, inv, sc, kpool, vpool, loc, attend = (d[k] for k in ("xp", "pos", "inv", "sc", "kpool", "vpool",
+                                                                  "loc", "attend"))
     attn = plug.self_attn
     x = T.tik_rms_norm(xp, plug.input_layernorm)
     q, k, v = T.tik_qkv(attn, x, pos, inv, sc)
@@ -123,7 +139,6 @@ def main(argv=None) -> int:
 
 def _stub_main(args) -> int:
     """Host Python time of one layer prefill with every Triton launch a no-op (see module doc)."""
-    import torch
     import triton.runtime.jit as J
 
     from areal_tik_plugin.loader import get_implementation
@@ -137,33 +152,11 @@ def _stub_main(args) -> int:
     for cls in (J.JITFunction, getattr(I, "InterpretedFunction", None)):
         if cls is not None:
             cls.__getitem__ = lambda self, grid: noop
-    from areal_tik_plugin import ops
-    from areal_tik_plugin.gpu.layer_bench import build_layer
-    from areal_tik_plugin.integrations import transformers as T
     from areal_tik_plugin.ops import _validate as V
-    from areal_tik_plugin.verify import layer_step
 
     V.check_values = lambda device: False  # as on the GPU (value checks need a host sync there)
-    dev, dt, P = torch.device("cpu"), torch.bfloat16, args.tokens or 4
-    cfg, base, rotary, _mod, _notes = build_layer(args.model, dt, dev)
-    plug = T.apply_to_module(copy.deepcopy(base), cfg.model_type)
-    inv, sc = T.rope_params(rotary, dev)
-    Hkv, D = cfg.num_key_value_heads, base.self_attn.head_dim
-    kpool = torch.zeros(P + 1, Hkv, D, dtype=dt)
-    vpool = torch.zeros_like(kpool)
-    table = torch.arange(1, P + 1, dtype=torch.int32)[None]
-    rows = torch.zeros(1, dtype=torch.int32)
-    xp = torch.randn(P, cfg.hidden_size, dtype=dt)
-    pos = torch.arange(P)
-    loc = table[0, :P].to(torch.int64)
-    cu = torch.tensor([0, P], dtype=torch.int32)
-    zero = torch.zeros(1, dtype=torch.int32)
-
-    def layer():
-        with torch.no_grad():
-            return layer_step(plug, xp, pos, inv, sc, kpool, vpool, loc, lambda q, s: ops.attention_extend(
-                q, kpool, vpool, cu_seqlens_q=cu, prefix_lens=zero, kv_indices=table, table_rows=rows,
-                max_extend_len=P, softmax_scale=s))
+    P = args.tokens or 4
+    _plug, _parts, layer = _layer(args.model, "cpu", P)
 
     for _ in range(20):
         layer()
