@@ -5,7 +5,8 @@
 #   python -m areal_tik_plugin.integrations.areal.gpu_wheels .whl-areal   # areal 1.0.4 + light deps, liger-kernel
 # Usage (device call, carry [".whl", ".whl-areal"]):
 #   bash scripts/gpu_integrations.sh STEP [STEP...]
-# STEPs: sglang | liger | recompute | verify-full | layer-bench | gemm-sweep | host | search
+# STEPs: sglang | liger | recompute | verify-full | layer-bench | gemm-sweep | host | search | gsm8k
+# (gsm8k: kind nvidia-h200-x2, wheels built with `areal.gpu_wheels .whl-areal --trainer`; written, not run yet)
 # Everything lands in $OUT/bundle.tgz (plus the step JSONs next to it); a short table per step on stdout.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -58,12 +59,14 @@ for step in "$@"; do
         grep -E '"(recompute_s|update_s|step_with_recompute_s|step_without_recompute_s|saving_fraction)"' "$W/recompute-$mode.log"
       done;;
     verify-full)
-      lim=(${TIK_VERIFY_LIMITS:-400 400 400})  # seconds per model, in this order
+      # plugin path only by default: the stock comparison (HF cached decode) at batch 64 x 1K responses did
+      # not finish in 180 s per model; TIK_VERIFY_FLAGS="" TIK_VERIFY_BATCH=8 runs it
+      lim=(${TIK_VERIFY_LIMITS:-150 150 90})  # seconds per model, in this order
       i=0
       for m in "qwen2.5-1.5b" "qwen3-4b" "qwen3-30b-a3b --layers 4"; do
         set -- $m
         timeout "${lim[$i]}" python3 -m areal_tik_plugin.verify --model $m --prompt-len 1024 --response-len 128..1024 \
-          --batch "${TIK_VERIFY_BATCH:-64}" --out "$W/verify-$1.json" >"$W/verify-$1.log" 2>&1 || rc=1
+          --batch "${TIK_VERIFY_BATCH:-64}" ${TIK_VERIFY_FLAGS---no-stock} --out "$W/verify-$1.json" >"$W/verify-$1.log" 2>&1 || rc=1
         tail -3 "$W/verify-$1.log"; i=$((i + 1))
       done;;
     layer-bench)
@@ -75,6 +78,21 @@ for step in "$@"; do
     host)
       timeout 120 python3 -m areal_tik_plugin.gpu.host_overhead --out "$W" >"$W/host.log" 2>&1 || rc=1
       head -12 "$W/host.log"; grep -A30 "ncalls" "$W/host.log" | cut -c1-150;;
+    gsm8k)
+      # the GSM8K GRPO recipe, staleness 0, baseline (AReaL recompute) then tik, on a random full-size Qwen3
+      # (recipes/gsm8k/model/gpu-random-qwen3.yaml: SGLang on one GPU, FSDP on the other)
+      export TIK_GPU_MODEL=/tmp/tik-random-qwen3-1.7b
+      python3 -m areal_tik_plugin.integrations.areal.tiny $TIK_GPU_MODEL qwen3 --shape qwen3-1.7b --device cuda >"$W/gsm8k-build.log" 2>&1 || rc=1
+      for mode in baseline tik; do
+        PYTHONPATH=$PWD/areal_tik_plugin/integrations/_gpu_stubs:$PYTHONPATH:$STUBS SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
+          SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python WANDB_MODE=offline timeout "${TIK_GSM8K_LIMIT:-240}" \
+          python3 -m areal_tik_plugin.run --spmd --log-dir "$W/gsm8k-$mode" recipes/gsm8k_rl.py \
+          --config recipes/gsm8k/config.yaml model=gpu-random-qwen3 algorithm=grpo staleness=s0 mode=$mode \
+          cluster.fileroot=/tmp/gsm8k-$mode/fr cluster.name_resolve.nfs_record_root=/tmp/gsm8k-$mode/nr \
+          trial_name=gpu-$mode >"$W/gsm8k-$mode.log" 2>&1 || rc=1
+        echo "-- $mode"; grep -E "Error|Traceback" "$W/gsm8k-$mode.log" | head -5
+        find "$W/gsm8k-$mode" -name tik_stats.jsonl -exec tail -c 600 {} \;
+      done;;
     search)
       OUT=$W bash search/gpu_search.sh h200-knobs "${TIK_SEARCH_BUDGET_S:-300}" >"$W/search.log" 2>&1 || rc=1
       tail -20 "$W/search.log";;

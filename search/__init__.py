@@ -9,8 +9,8 @@ Modules
                derived by replaying the records (so a run resumes exactly), promotion rule (paper §5.3)
 ``edits``      SEARCH/REPLACE edits, knob discovery and knob edits (coupled vs free)
 ``evaluator``  one killable process per candidate (``worker``), typed status, hash binding
-``runners``    workload runners: ``attention`` (the real entry points, GPU or Triton interpreter),
-               ``toy`` (a small pure-torch implementation for CPU tests)
+``runners``    workload runners: ``attention`` and ``gemm`` (the real entry points, GPU or Triton
+               interpreter), ``toy`` (a small pure-torch implementation for CPU tests)
 ``drivers``    ``knobs`` (no LLM), ``llm`` (OpenAI-compatible endpoint); the ``agent`` driver is the
                command line (``tik search init|next|record-action|audit|decide|status|report``)
                plus ``skill/SKILL.md``

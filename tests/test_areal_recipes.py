@@ -79,6 +79,22 @@ def test_cpu_tiny_cell(tmp_path):
     assert recipe == {"model": "cpu-tiny", "algorithm": "grpo", "mode": "tik"}
 
 
+def test_gpu_random_cell(tmp_path):
+    cfg, tik, recipe = compose({"model": "gpu-random-qwen3", "algorithm": "grpo", "staleness": "s0", "mode": "tik",
+                                "seed": 1}, [f"cluster.fileroot={tmp_path}"])
+    assert cfg.cluster.n_gpus_per_node == 2 and cfg.rollout.backend == "sglang:d1p1t1"
+    assert cfg.actor.backend == "fsdp:d1p1t1" and cfg.total_train_steps == 5 and tik.model_type == "qwen3"
+    assert recipe["model"] == "gpu-random-qwen3" and cfg.gconfig.max_new_tokens == 512
+
+
+def test_tiny_builder_shapes(tmp_path):
+    from areal_tik_plugin.integrations.areal import tiny
+
+    assert tiny.SHAPES["qwen3-1.7b"]["num_layers"] == 28
+    with pytest.raises(SystemExit):
+        tiny.main([str(tmp_path / "m"), "qwen3", "--shape", "qwen3-70b"])  # unknown shape: argparse error
+
+
 def test_matrix_dry_run(capsys):
     assert launch.main(["--all", "--seeds", "1", "2", "--dry-run"]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[")]

@@ -122,7 +122,6 @@ def main(argv=None) -> int:
             print(f"{model:<14}{layer:<8}M={M:<6} current {row['current']:<16}{row['current_us']:8.1f}  "
                   f"best {row.get('best', '-'):<24}{row.get('best_us', float('nan')):8.1f}  cublas {row['cublas_us']:8.1f}"
                   f"  mismatches {len(row['mismatch'])}", flush=True)
-            del x
         del ws
         torch.cuda.empty_cache()
     res["seconds"] = time.time() - t0

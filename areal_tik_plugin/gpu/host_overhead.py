@@ -5,6 +5,11 @@ device is not the bottleneck.
 writes ``host_overhead.json``: for one decoder layer's prefill (the layer bench's plugin prefill),
 host issue time per call (no sync), wall time per call with a sync, device time per call
 (events around a batch), the same per op, and the top functions of a cProfile over the calls.
+
+``--stub-launch`` (any machine, no GPU needed): every Triton kernel launch is replaced by a no-op and
+the layer runs on CPU tensors of ``--tokens`` (default 4) rows, so the time measured is the Python
+host path of our ops and launchers alone (Triton's own launch path excluded). Use it to compare a
+launcher change before a GPU run.
 """
 
 from __future__ import annotations
@@ -40,12 +45,9 @@ def _host_and_wall(fn, n: int = 20) -> dict:
     return {"host_us": host * 1e6, "wall_us": wall * 1e6, "events_us": a.elapsed_time(b) * 1e3 / n}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.gpu.host_overhead")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--model", default="qwen3-4b")
-    ap.add_argument("--tokens", type=int, default=1024)
-    args = ap.parse_args(argv)
+def _layer(model: str, device, P: int):
+    """One plugin-patched decoder layer of ``model`` and a prefill of P tokens over a KV pool, as the
+    layer bench's plugin prefill runs it: returns (plug, parts dict, layer())."""
     import torch
 
     from areal_tik_plugin import ops
@@ -53,17 +55,16 @@ def main(argv=None) -> int:
     from areal_tik_plugin.integrations import transformers as T
     from areal_tik_plugin.verify import layer_step
 
-    dev, dt, P = torch.device("cuda"), torch.bfloat16, args.tokens
-    cfg, base, rotary, _mod, _notes = build_layer(args.model, dt, dev)
+    dev, dt = torch.device(device), torch.bfloat16
+    cfg, base, rotary, _mod, _notes = build_layer(model, dt, dev)
     plug = T.apply_to_module(copy.deepcopy(base), cfg.model_type)
     inv, sc = T.rope_params(rotary, dev)
-    Hkv, D, H = cfg.num_key_value_heads, base.self_attn.head_dim, cfg.hidden_size
-    slots = P + 1
-    kpool = torch.randn(slots, Hkv, D, device=dev, dtype=dt)
+    Hkv, D = cfg.num_key_value_heads, base.self_attn.head_dim
+    kpool = torch.randn(P + 1, Hkv, D, device=dev, dtype=dt)
     vpool = torch.randn_like(kpool)
-    table = torch.arange(1, slots, dtype=torch.int32, device=dev)[None]
+    table = torch.arange(1, P + 1, dtype=torch.int32, device=dev)[None]
     rows = torch.zeros(1, dtype=torch.int32, device=dev)
-    xp = torch.randn(P, H, device=dev, dtype=dt) * 0.5
+    xp = torch.randn(P, cfg.hidden_size, device=dev, dtype=dt) * 0.5
     pos = torch.arange(P, device=dev)
     loc = table[0, :P].to(torch.int64)
     cu = torch.tensor([0, P], dtype=torch.int32, device=dev)
@@ -74,8 +75,32 @@ def main(argv=None) -> int:
                                     table_rows=rows, max_extend_len=P, softmax_scale=s)
 
     def layer():
-        return layer_step(plug, xp, pos, inv, sc, kpool, vpool, loc, attend)
+        with torch.no_grad():
+            return layer_step(plug, xp, pos, inv, sc, kpool, vpool, loc, attend)
 
+    parts = dict(xp=xp, pos=pos, inv=inv, sc=sc, kpool=kpool, vpool=vpool, loc=loc, attend=attend)
+    return plug, parts, layer
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.gpu.host_overhead")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="qwen3-4b")
+    ap.add_argument("--tokens", type=int, default=None, help="prefill tokens (default 1024; 4 with --stub-launch)")
+    ap.add_argument("--stub-launch", action="store_true", help="no-op kernel launches, CPU tensors: host Python only")
+    args = ap.parse_args(argv)
+    import torch
+
+    if args.stub_launch:
+        return _stub_main(args)
+
+    from areal_tik_plugin import ops
+    from areal_tik_plugin.integrations import transformers as T
+
+    P = args.tokens or 1024
+    plug, d, layer = _layer(args.model, "cuda", P)
+    xp, pos, inv, sc, kpool, vpool, loc, attend = (d[k] for k in ("xp", "pos", "inv", "sc", "kpool", "vpool",
+                                                                  "loc", "attend"))
     attn = plug.self_attn
     x = T.tik_rms_norm(xp, plug.input_layernorm)
     q, k, v = T.tik_qkv(attn, x, pos, inv, sc)
@@ -109,6 +134,46 @@ def main(argv=None) -> int:
     for name, r in res["ops"].items():
         print(f"  {name:<20}" + "  ".join(f"{k} {v:8.1f}" for k, v in r.items()))
     print("\n".join(res["cprofile_tottime"].splitlines()[:40]))
+    return 0
+
+
+def _stub_main(args) -> int:
+    """Host Python time of one layer prefill with every Triton launch a no-op (see module doc)."""
+    import triton.runtime.jit as J
+
+    from areal_tik_plugin.loader import get_implementation
+
+    get_implementation()  # the loader decides interpreter vs compiled before the kernels exist
+    from triton.runtime import interpreter as I
+
+    def noop(*a, **k):
+        return None
+
+    for cls in (J.JITFunction, getattr(I, "InterpretedFunction", None)):
+        if cls is not None:
+            cls.__getitem__ = lambda self, grid: noop
+    from areal_tik_plugin.ops import _validate as V
+
+    V.check_values = lambda device: False  # as on the GPU (value checks need a host sync there)
+    P = args.tokens or 4
+    _plug, _parts, layer = _layer(args.model, "cpu", P)
+
+    for _ in range(20):
+        layer()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(200):
+            layer()
+        best = min(best, (time.perf_counter() - t0) / 200 * 1e6)
+    impl = get_implementation()
+    res = {"model": args.model, "tokens": P, "stub_launch": True, "host_us_per_layer": best,
+           "implementation": impl.name, "source_hash": impl.source_hash}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "host_overhead_stub.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"{args.model} layer prefill, launches stubbed, {P} tokens: {best:.1f} us host Python per layer "
+          f"(kernels {impl.name} {impl.source_hash[:12]})")
     return 0
 
 

@@ -55,6 +55,23 @@ class Context:
         return self.spec.get("model", {})
 
 
+def capture_graph(fn: Callable[[], Any]):
+    """A CUDA graph of ``fn()`` after one warm-up call on a side stream (allocations inside the capture
+    come from the graph's private pool)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
 def load_runner(name: str):
     """A runner module by dotted name (``areal_tik_plugin.search.runners.attention``)."""
     return importlib.import_module(name)

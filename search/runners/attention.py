@@ -28,6 +28,8 @@ import zlib
 
 import torch
 
+from areal_tik_plugin.search.runners import capture_graph
+
 _DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -220,7 +222,7 @@ def _graph_replay(ctx, s):
     def step():
         _decode(ctx, q, kp, vp, sl, table, rows, max_ctx=cap, out=out)
 
-    g = _capture(step)
+    g = capture_graph(step)
     rng = random.Random(7)
     for it in range(int(s.get("replays", 3))):
         q.copy_(_rand(ctx, B, Hq, D))
@@ -238,7 +240,7 @@ def _graph_replay(ctx, s):
     def pstep():
         holder["o"] = ctx.entry("attention.prefill")(pq, pk, pv, cu, L, _scale(ctx))
 
-    g2 = _capture(pstep)
+    g2 = capture_graph(pstep)
     for it in range(2):
         pq.copy_(_rand(ctx, L, Hq, D))
         pk.copy_(_rand(ctx, L, Hkv, D))
@@ -247,19 +249,6 @@ def _graph_replay(ctx, s):
         torch.cuda.synchronize()
         eager = ctx.entry("attention.prefill")(pq, pk, pv, cu, L, _scale(ctx))
         ctx.rec.bitwise(f"graph_replay_vs_eager_prefill[{it}]", holder["o"].clone(), eager)
-
-
-def _capture(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 # ------------------------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ import zlib
 
 import torch
 
+from areal_tik_plugin.search.runners import capture_graph
+
 ENTRY = "gemm.linear"
 _DT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 STREAM_BYTES = 256 << 20     # per-workload weight bytes cycled on CUDA (> 2x the H200's 50 MB L2)
@@ -231,7 +233,7 @@ def _graph_replay(ctx, s):
         def allocating():
             holder["y"] = _linear(ctx, x, w, b)
 
-        g_out, g_alloc = _capture(into_out), _capture(allocating)
+        g_out, g_alloc = capture_graph(into_out), capture_graph(allocating)
         for it in range(int(s.get("replays", 2))):
             x.copy_(_x(ctx, g, M, K, dt))
             g_out.replay()
@@ -241,19 +243,6 @@ def _graph_replay(ctx, s):
             ctx.rec.bitwise(f"graph_replay_vs_eager[{tag}/M={M}/{it}]", out.clone(), eager)
             ctx.rec.bitwise(f"graph_alloc_vs_eager[{tag}/M={M}/{it}]", holder["y"].clone(), eager)
         del g_out, g_alloc
-
-
-def _capture(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 BITWISE_SUITES = {"rows_vs_m1": _rows_vs_m1, "positions": _positions, "strided_x": _strided_x,

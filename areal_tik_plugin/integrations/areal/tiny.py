@@ -6,6 +6,10 @@ default, used by the AReaL end-to-end tests and the ``cpu-tiny`` recipe model gr
 proofs use a word-level tokenizer and their own tiny shape (``SGLANG_TINY``)::
 
     python -m areal_tik_plugin.integrations.areal.tiny OUT_DIR [qwen3|qwen3_moe]
+    python -m areal_tik_plugin.integrations.areal.tiny OUT_DIR qwen3 --shape qwen3-1.7b --device cuda
+
+``--shape qwen3-1.7b`` (``SHAPES``): a full-size random Qwen3 (28 layers, hidden 2048) with the same
+small BPE tokenizer, for the GPU cell of the GSM8K recipe (``model=gpu-random-qwen3``).
 """
 
 from __future__ import annotations
@@ -80,6 +84,13 @@ SGLANG_TINY = dict(vocab_size=301, hidden_size=128, head_dim=32, intermediate_si
                    dtype="bfloat16", tokenizer="words")
 
 
+# full-size random shapes (weights random, vocab of the real model; the tokenizer stays the small BPE)
+SHAPES = {
+    "qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, num_layers=28, num_heads=16, num_kv_heads=8,
+                       head_dim=128, intermediate_size=6144, dtype="bfloat16", init_std=0.02),
+}
+
+
 def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: int = 517, hidden_size: int = 64,
                 num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
                 intermediate_size: int = 88, num_experts: int = 5, top_k: int = 2, moe_intermediate_size: int = 24,
@@ -125,8 +136,20 @@ def build_model(path: str, kind: str = "qwen3", *, seed: int = 0, vocab_size: in
     return path
 
 
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.integrations.areal.tiny", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir")
+    ap.add_argument("kind", nargs="?", default="qwen3", choices=["qwen3", "qwen3_moe"])
+    ap.add_argument("--shape", default=None, choices=sorted(SHAPES), help="a full-size random shape (default: tiny)")
+    ap.add_argument("--device", default="cpu", help="where to initialize the weights (cuda: seconds for GBs)")
+    a = ap.parse_args(argv)
+    kw = dict(SHAPES[a.shape]) if a.shape else {}
+    print(build_model(a.out_dir, a.kind, device=a.device, **kw))
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        print(__doc__)
-        sys.exit(2)
-    print(build_model(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "qwen3"))
+    sys.exit(main())
