@@ -9,3 +9,19 @@ collected; otherwise an interpreted kernel that calls ``tl.cdiv`` fails dependin
 from areal_tik_plugin._interp import ensure_interpreter_if_no_gpu
 
 ensure_interpreter_if_no_gpu()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def private_tik_v1(tmp_path):
+    """A rehashed private copy of kernels/tik_v1 (so concurrent edits elsewhere cannot interfere)."""
+    import shutil
+
+    from areal_tik_plugin import loader
+
+    root = str(tmp_path / "tik_v1")
+    shutil.copytree(loader.resolve_path("tik_v1"), root, ignore=shutil.ignore_patterns("__pycache__"))
+    loader.write_manifest_hash(root)
+    return root

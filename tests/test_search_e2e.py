@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +18,6 @@ import time
 
 import yaml
 
-from areal_tik_plugin import loader
 from areal_tik_plugin.cli import main
 from areal_tik_plugin.search import SPECS_DIR, TESTDATA_DIR, ir
 from areal_tik_plugin.search.state import Run
@@ -155,11 +153,8 @@ def test_agent_protocol(tmp_path, capsys):
     assert main(["search", "report", d]) == 0
 
 
-def test_attention_runner_on_tik_v1_interpreter(tmp_path):
-    # a private copy of the real kernels (rehashed) so concurrent edits elsewhere cannot interfere
-    root = os.path.join(str(tmp_path), "tik_v1")
-    shutil.copytree(loader.resolve_path("tik_v1"), root, ignore=shutil.ignore_patterns("__pycache__"))
-    loader.write_manifest_hash(root)
+def test_attention_runner_on_tik_v1_interpreter(tmp_path, private_tik_v1):
+    root = private_tik_v1
     d = os.path.join(str(tmp_path), "run")
     assert main(["search", "run", "--driver", "knobs", "--spec", "cpu_attention_smoke", "--impl", root,
                  "--run-dir", d, "--max-steps", "1", "--no-progress"]) == 0

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 import torch
@@ -54,11 +53,8 @@ def test_gemm_specs_validate():
         assert all(E.knob_scope(n, k.coupled, spec) == ["gemm.linear"] for n, k in knobs.items())
 
 
-def test_gemm_knob_search_on_tik_v1_interpreter(tmp_path):
-    # a private copy of the real kernels (rehashed) so concurrent edits elsewhere cannot interfere
-    root = os.path.join(str(tmp_path), "tik_v1")
-    shutil.copytree(loader.resolve_path("tik_v1"), root, ignore=shutil.ignore_patterns("__pycache__"))
-    loader.write_manifest_hash(root)
+def test_gemm_knob_search_on_tik_v1_interpreter(tmp_path, private_tik_v1):
+    root = private_tik_v1
     d = os.path.join(str(tmp_path), "run")
     assert main(["search", "run", "--driver", "knobs", "--spec", "cpu_gemm_smoke", "--impl", root,
                  "--run-dir", d, "--max-steps", "2", "--no-progress"]) == 0

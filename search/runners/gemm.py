@@ -104,6 +104,15 @@ def _b(ctx, g, N, dt, bias):
     return torch.randn(N, device=_dev(ctx), generator=g).to(dt) if bias else None
 
 
+def _operands(ctx, s, where, M, seed):
+    """x [M, K], w [N, K], bias (or None) of suite ``s`` from its seeded generator, and its tag."""
+    N, K, bias = _nk(s, where)
+    dt = _dtype(ctx, s)
+    g = _gen(ctx, s.get("seed", seed))
+    x, w, b = _x(ctx, g, M, K, dt), _w(ctx, g, N, K, dt), _b(ctx, g, N, dt, bias)
+    return x, w, b, g, _tag(N, K, bias, dt)
+
+
 def _linear(ctx, x, w, b=None, out=None):
     return ctx.entry(ENTRY)(x, w, b, None, out)
 
@@ -157,12 +166,9 @@ def _rows_vs_m1(ctx, s):
 
 def _positions(ctx, s):
     where = "bitwise.positions"
-    N, K, bias = _nk(s, where)
     M = _int(s, "M", where)
-    dt = _dtype(ctx, s)
-    g = _gen(ctx, s.get("seed", 1))
-    x, w, b = _x(ctx, g, M, K, dt), _w(ctx, g, N, K, dt), _b(ctx, g, N, dt, bias)
-    tag = _tag(N, K, bias, dt)
+    x, w, b, g, tag = _operands(ctx, s, where, M, 1)
+    K, dt = x.shape[1], x.dtype
     y = _linear(ctx, x, w, b)
     rev = _linear(ctx, x.flip(0).contiguous(), w, b)
     ctx.rec.bitwise(f"positions_reversed[{tag}/M={M}]", rev.flip(0), y)
@@ -176,13 +182,10 @@ def _positions(ctx, s):
 
 def _strided_x(ctx, s):
     where = "bitwise.strided_x"
-    N, K, bias = _nk(s, where)
     M = _int(s, "M", where)
     pads = _ints(s, "pads", where)
-    dt = _dtype(ctx, s)
-    g = _gen(ctx, s.get("seed", 2))
-    x, w, b = _x(ctx, g, M, K, dt), _w(ctx, g, N, K, dt), _b(ctx, g, N, dt, bias)
-    tag = _tag(N, K, bias, dt)
+    x, w, b, _g, tag = _operands(ctx, s, where, M, 2)
+    K, dt = x.shape[1], x.dtype
     ref = _linear(ctx, x, w, b)
     width = K + 2 * max(pads)
     for pad in pads:
