@@ -75,9 +75,9 @@ def main(argv=None) -> int:
     bk = C.GEMM_BLOCK_K
     aligned_ptr = list(range(10))
     # split-K variants: (CHUNK_K, N_CHUNKS) = (0, 1) is the unsplit chain; (1984, 5) is Qwen3-4B's
-    # down_proj (gemm.split_chunk(2560, 9728)): large configs keep a second accumulator ("fused"),
+    # down_proj (gemm.split_chunk(9728)): large configs keep a second accumulator ("fused"),
     # small ones write chunk partials (_linear_partial_kernel) reduced by _linear_reduce_kernel
-    splits = ((0, 1), (gemm.split_chunk(2560, 9728), -(-9728 // gemm.split_chunk(2560, 9728))))
+    splits = ((0, 1), (gemm.split_chunk(9728), -(-9728 // gemm.split_chunk(9728))))
     for dt in ("bf16", "fp16"):
         for cfg in gemm.all_configs():
             bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]

@@ -168,19 +168,32 @@ def test_bad_inputs():
 
 
 # ------------------------------------------------------------------------------------------------
-# split-K by weight shape (contract.py GEMM section): narrow long-K weights
+# split-K by reduction length (contract.py GEMM section): long-K weights
 # ------------------------------------------------------------------------------------------------
-SPLIT_SHAPES = ((2112, 48), (2100, 33))  # (K, N): 4 chunks each, the second with a masked K tail
+SPLIT_SHAPES = ((4160, 48), (3100, 33))  # (K, N): 3 and 2 chunks, the second with a masked K tail
 
 
-def test_split_rule_depends_on_the_weight_only():
+def test_split_rule_depends_on_k_only():
     gemm = get_implementation().module("gemm")
-    for K, N in SPLIT_SHAPES:
-        chunk = gemm.split_chunk(N, K)
-        assert chunk % 64 == 0 and -(-K // chunk) == 4
-    assert gemm.split_chunk(80, 192) >= 192          # short K: no split
-    assert gemm.split_chunk(151936, 2560) >= 2560    # many column tiles: no split
-    assert -(-9728 // gemm.split_chunk(2560, 9728)) == 5   # Qwen3-4B down_proj
+    assert [-(-K // gemm.split_chunk(K)) for K, _ in SPLIT_SHAPES] == [3, 2]
+    assert all(gemm.split_chunk(K) % 64 == 0 for K, _ in SPLIT_SHAPES)
+    assert gemm.split_chunk(192) >= 192              # short K: no split
+    assert gemm.split_chunk(2560) >= 2560            # Qwen3-4B qkv / gate_up / lm_head: one chain
+    assert gemm.split_chunk(4096) == 2048            # Qwen3-4B o_proj, every Qwen3-8B projection
+    assert -(-9728 // gemm.split_chunk(9728)) == 5   # Qwen3-4B down_proj
+    with pytest.raises(TypeError):                   # no N argument: N must never decide the split
+        gemm.split_chunk(2560, 9728)
+
+
+@pytest.mark.parametrize("K", (4160, 1000))
+def test_fused_weight_equals_separate_parts(K):
+    """SGLang's fused qkv / gate_up weight gives, column for column, the bits of HF's separate
+    projections (the split rule sees K only), split (K 4160) or not (K 1000), at small and large M."""
+    x, _, _ = _data(70, K, 1, torch.bfloat16, seed=K, bias=False)
+    ws = [_data(1, K, n, torch.bfloat16, seed=K + n, bias=False)[1] for n in (40, 17, 17)]
+    fused = torch.cat(ws)
+    for M in (3, 70):                                   # workspace path and register path
+        _assert_bits(ops.linear(x[:M], fused), torch.cat([ops.linear(x[:M], w) for w in ws], 1), f"K={K} M={M}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -218,7 +231,7 @@ def test_split_differs_from_one_chain_and_is_accurate(monkeypatch):
     ref = x.double() @ w.double().T + b.double()
     atol, rtol = TOL[torch.float16]
     assert ((y.double() - ref).abs() <= atol + rtol * ref.abs()).all()
-    monkeypatch.setattr(gemm, "split_chunk", lambda n, k: k)  # one chain over all of K
+    monkeypatch.setattr(gemm, "split_chunk", lambda k: k)  # one chain over all of K
     one = ops.linear(x, w, b)
     assert ((one.double() - ref).abs() <= atol + rtol * ref.abs()).all()
     assert not torch.equal(_bits(y), _bits(one))

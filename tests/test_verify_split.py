@@ -24,7 +24,7 @@ def test_tiny_qwen3_bit_identical_with_split_weights(monkeypatch, tmp_path):
 
     path = build_model(str(tmp_path / "m"), "qwen3", intermediate_size=320, dtype="bfloat16")
     gemm = get_implementation().module("gemm")
-    monkeypatch.setattr(gemm, "split_chunk", lambda N, K: 128 if K > 128 else -(-K // 64) * 64)
+    monkeypatch.setattr(gemm, "split_chunk", lambda K: 128 if K > 128 else -(-K // 64) * 64)
     gemm._config_for.cache_clear()
     try:
         rep = V.run_verify(path, batch=4, prompt_len="18..24", response_len="5..7", stock=False)

@@ -85,6 +85,17 @@ def _check_rows_vs_m1(rec, tag, N, K, has_bias, Ms, dtype=torch.bfloat16):
     rec.bitwise(f"strided_x[{tag}]", linear(wide[:, 32:32 + K], w, b), linear(x[:64], w, b))
 
 
+def _check_fused_vs_separate(rec, tag, parts, K, Ms=(1, 8, 64, 65, 1024, 4096)):
+    """A fused projection (SGLang's qkv_proj / gate_up_proj) == its parts run separately (HF's q/k/v,
+    gate/up), column for column: the split rule and every row's chain depend on K only."""
+    x, _, _ = _data(max(Ms), 1, K, seed=K)
+    ws = [_data(1, n, K, seed=K + n + i)[1] for i, n in enumerate(parts)]
+    fused = torch.cat(ws)
+    for M in Ms:
+        rec.bitwise(f"fused_vs_separate[{tag}/M={M}]", linear(x[:M], fused),
+                    torch.cat([linear(x[:M], w) for w in ws], dim=1), split=_gemm().split_chunk(K) < K)
+
+
 def _check_zero_rows(rec):
     """All-zero input rows against all-negative weights (every product -0.0): +0.0 on every path."""
     N, K = 5120, 2048
@@ -103,7 +114,7 @@ def _check_all_configs(rec, tag, N, K, has_bias, M=300):
     gemm = _gemm()
     x, w, b = _data(M, N, K, torch.bfloat16, has_bias, seed=1)
     ref = gemm.linear(x, w, b)
-    split = gemm.split_chunk(N, K) < K
+    split = gemm.split_chunk(K) < K
     for cfg in gemm.all_configs():
         rec.bitwise(f"config[{tag}/{cfg['name']}]", gemm.linear(x, w, b, config=cfg), ref)
         if cfg["tma"]:
@@ -200,10 +211,11 @@ def run_checks(rec, quick: bool = False) -> None:
         ("qwen3-4b/gate_up", SHAPES[("qwen3-4b", "gate_up")], CHECK_M[:-2]),
         ("qwen3-4b/lm_head", SHAPES[("qwen3-4b", "lm_head")], CHECK_M[:4]),
         ("qwen3-30b-a3b/router", SHAPES[("qwen3-30b-a3b", "router")], CHECK_M),
+        ("qwen3-4b/o(split)", SHAPES[("qwen3-4b", "o")], CHECK_M[:-1]),
         ("odd/333x1000+bias", (333, 1000, True), (8, 64, 256, 1024, 4096)),
     ]
-    if quick:
-        cases = [cases[0], cases[1], cases[-1]]
+    if quick:  # one split weight (1.5b down: 5 chunks, K tail-free) stays in the quick grid
+        cases = [cases[0], cases[1], cases[2], cases[-1]]
     for tag, (N, K, hb), Ms in cases:
         rec.run(f"rows_vs_m1[{tag}]", _check_rows_vs_m1, rec, tag, N, K, hb, Ms)
     rec.run("rows_vs_m1[fp16]", _check_rows_vs_m1, rec, "fp16/4b-qkv", *SHAPES[("qwen3-4b", "qkv")],
@@ -211,8 +223,15 @@ def run_checks(rec, quick: bool = False) -> None:
     # the three kernel specializations (no bias / bias / bias + K tail) of every configuration
     for tag, (N, K, hb) in (("30b-qkv", SHAPES[("qwen3-30b-a3b", "qkv")]),
                             ("1.5b-qkv+bias", SHAPES[("qwen2.5-1.5b", "qkv")]),
-                            ("odd+bias", (333, 1000, True))):
+                            ("odd+bias", (333, 1000, True)),
+                            ("4b-o(split)", SHAPES[("qwen3-4b", "o")]),
+                            ("odd-split+bias", (333, 3100, True))):
         rec.run(f"all_configs[{tag}]", _check_all_configs, rec, tag, N, K, hb)
+    # fused vs separate projections (Qwen3-8B: K 4096 is split; Qwen3-4B: K 2560 is not)
+    rec.run("fused_vs_separate[8b-qkv]", _check_fused_vs_separate, rec, "8b-qkv", (4096, 1024, 1024), 4096)
+    rec.run("fused_vs_separate[8b-gate_up]", _check_fused_vs_separate, rec, "8b-gate_up", (12288, 12288), 4096,
+            (1, 64, 1024))
+    rec.run("fused_vs_separate[4b-qkv]", _check_fused_vs_separate, rec, "4b-qkv", (4096, 1024, 1024), 2560)
     rec.run("zero_rows", _check_zero_rows, rec)
     rec.run("cuda_graph", _check_graph, rec)
     rec.run("accuracy", _check_accuracy, rec, quick)

@@ -44,15 +44,15 @@ KV_WRITE_EXACT = True
 # --- GEMM ------------------------------------------------------------------------------------
 # The K reduction is chunked in GEMM_BLOCK_K columns, accumulated in fp32 in increasing K order.
 GEMM_BLOCK_K = 64
-# Split-K with partials that do not depend on M: the split is a function of the weight shape (N, K)
-# only (gemm.split_chunk), never of M or of the device. A weight with few column tiles
-# (ceil(N / GEMM_SPLIT_PROBE_BLOCK_N) < GEMM_SPLIT_MAX_TILES) has its K range cut into
-# n = min(ceil(GEMM_SPLIT_TARGET_PROGRAMS / tiles), K // GEMM_SPLIT_MIN_CHUNK) chunks of
-# ceil(K / n / GEMM_BLOCK_K) * GEMM_BLOCK_K columns (the last one shorter); n <= 1 means no split.
-GEMM_SPLIT_PROBE_BLOCK_N = 32
-GEMM_SPLIT_MAX_TILES = 132
-GEMM_SPLIT_TARGET_PROGRAMS = 396
-GEMM_SPLIT_MIN_CHUNK = 512
+# Split-K with partials that do not depend on M: the split is a function of the reduction length K
+# only (gemm.split_chunk), never of M, of N or of the device. Not of N because the two sides hold the
+# same weights in different shapes: SGLang runs fused qkv_proj / gate_up_proj (and column-parallel
+# shards of them) where HF runs q/k/v and gate/up separately -- only K is the same everywhere.
+# A weight with K < GEMM_SPLIT_MIN_K is one chain; otherwise K is cut into n = ceil(K /
+# GEMM_SPLIT_CHUNK_MAX) chunks of ceil(K / n / GEMM_BLOCK_K) * GEMM_BLOCK_K columns (the last one
+# shorter). Qwen3-4B: o_proj (K 4096) 2 x 2048, down_proj (K 9728) 5 x 1984; K 2560 not split.
+GEMM_SPLIT_MIN_K = 3072
+GEMM_SPLIT_CHUNK_MAX = 2048
 # A row is, per chunk c, one chain `part_c = tl.dot(x_chunk, w_chunk^T, part_c)` over its
 # GEMM_BLOCK_K pieces from zero; without a split that chain is the row: acc = part_0; with a split
 # acc = ((0 + part_0) + part_1) + ... in fp32, in chunk order (in registers for large M, through an

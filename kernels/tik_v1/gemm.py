@@ -2,7 +2,7 @@
 
 Token invariance (see ``contract.py``): every output row is
 
-    for each K chunk c of split_chunk(N, K) columns (one chunk = all of K for most weights):
+    for each K chunk c of split_chunk(K) columns (one chunk = all of K for most weights):
         part_c = 0 (fp32)
         for k0 in the chunk, GEMM_BLOCK_K at a time, increasing:   # never split across programs
             part_c = tl.dot(x[row, k0:k0+BK], W[:, k0:k0+BK]^T, part_c)
@@ -14,9 +14,9 @@ Token invariance (see ``contract.py``): every output row is
 Each chunk is one chain of tensor-core MMAs into one fp32 accumulator, in increasing K order, on
 every path. Measured on H200 (Triton 3.6, DESIGN.md): that chain gives the same bits for any
 BLOCK_M / BLOCK_N, any num_warps / num_stages, wgmma or mma.sync, TMA or pointer loads. The split is a
-function of the weight shape (N, K) only, never of M: narrow long-K weights (O / down projections,
-routers) get enough programs at decode-sized M without changing any row's arithmetic between M = 1
-and M = 65536. Small M computes the chunk partials in separate programs into an fp32 workspace and
+function of K only, never of M or N: long-K weights (O / down projections) get enough programs at
+decode-sized M without changing any row's arithmetic between M = 1 and M = 65536, and a fused
+qkv / gate_up weight splits exactly as its separate parts do. Small M computes the chunk partials in separate programs into an fp32 workspace and
 adds them in chunk order in a second kernel; large M keeps a second accumulator in registers and
 adds each finished chunk in the same order: the same fp32 additions. So the tile configuration is
 a *free knob* chosen per problem shape, while ``GEMM_BLOCK_K`` and the split rule are the coupled
@@ -304,13 +304,14 @@ def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
     if M <= SMALL_M_TABLE[-1][0]:
         bm = next(b for max_m, b in SMALL_M_TABLE if M <= max_m)
         bn = SMALL_M_BLOCK_N[-1]
+        chunks = _cdiv(K, split_chunk(K))                    # a split weight runs tiles x chunks programs
         for cand in SMALL_M_BLOCK_N:
-            if _cdiv(N, cand) >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
+            if _cdiv(N, cand) * chunks >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
                 bn = cand
                 break
         return _small_config(bm, bn)
     best, best_time = None, float("inf")
-    split_weight = split_chunk(N, K) < K
+    split_weight = split_chunk(K) < K
     for bm, bn, warps, stages, per_sm, speed in LARGE_M_SPLIT_TILES if split_weight else LARGE_M_TILES:
         tiles = _cdiv(M, bm) * _cdiv(N, bn)
         waves = _cdiv(tiles, num_sms * per_sm)
@@ -343,16 +344,17 @@ def all_configs() -> list[dict]:
     return out
 
 
-def split_chunk(N: int, K: int) -> int:
-    """K columns per chunk for an [N, K] weight (contract.py, GEMM section); >= K means no split.
+def split_chunk(K: int) -> int:
+    """K columns per chunk of a weight with reduction length K (contract.py, GEMM section); >= K means
+    no split.
 
-    A function of the weight shape only: every M, every device, every path gets the same chunks."""
+    A function of K only: every M, every N (fused or separate projections, column-parallel shards),
+    every device and every path gets the same chunks."""
     bk = C.GEMM_BLOCK_K
     whole = _cdiv(K, bk) * bk
-    tiles = _cdiv(N, C.GEMM_SPLIT_PROBE_BLOCK_N)
-    if tiles >= C.GEMM_SPLIT_MAX_TILES:
+    if K < C.GEMM_SPLIT_MIN_K:
         return whole
-    n = min(_cdiv(C.GEMM_SPLIT_TARGET_PROGRAMS, tiles), K // C.GEMM_SPLIT_MIN_CHUNK)
+    n = _cdiv(K, C.GEMM_SPLIT_CHUNK_MAX)
     if n <= 1:
         return whole
     return _cdiv(_cdiv(K, n), bk) * bk
@@ -386,7 +388,7 @@ def linear(x, weight, bias=None, config=None, out=None):
         return y
     cfg = config or config_for(M, N, K, _num_sms(x.device), cpu=_interpreting())
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], C.GEMM_BLOCK_K
-    chunk = split_chunk(N, K)
+    chunk = split_chunk(K)
     n_chunks = _cdiv(K, chunk)
     grid = (_cdiv(M, bm) * _cdiv(N, bn),)
     has_bias = bias is not None
