@@ -94,7 +94,7 @@ for step in "$@"; do
         find "$W/gsm8k-$mode" -name tik_stats.jsonl -exec tail -c 600 {} \;
       done;;
     search)
-      OUT=$W bash search/gpu_search.sh h200-knobs "${TIK_SEARCH_BUDGET_S:-300}" >"$W/search.log" 2>&1 || rc=1
+      OUT=$W bash search/gpu_search.sh "${TIK_SEARCH_NAME:-h200-knobs}" "${TIK_SEARCH_BUDGET_S:-300}" >"$W/search.log" 2>&1 || rc=1
       tail -20 "$W/search.log";;
     *) echo "unknown step $step"; rc=2;;
   esac
