@@ -61,9 +61,10 @@ for step in "$@"; do
     verify-full)
       # plugin path only by default: the stock comparison (HF cached decode) at batch 64 x 1K responses did
       # not finish in 180 s per model; TIK_VERIFY_FLAGS="" TIK_VERIFY_BATCH=8 runs it
-      lim=(${TIK_VERIFY_LIMITS:-150 150 90})  # seconds per model, in this order
+      lim=(${TIK_VERIFY_LIMITS:-150 150 90})  # seconds per model, in this order (TIK_VERIFY_MODELS: ';'-list)
       i=0
-      for m in "qwen2.5-1.5b" "qwen3-4b" "qwen3-30b-a3b --layers 4"; do
+      IFS=';' read -ra models <<< "${TIK_VERIFY_MODELS:-qwen2.5-1.5b;qwen3-4b;qwen3-30b-a3b --layers 4}"
+      for m in "${models[@]}"; do
         set -- $m
         timeout "${lim[$i]}" python3 -m areal_tik_plugin.verify --model $m --prompt-len 1024 --response-len 128..1024 \
           --batch "${TIK_VERIFY_BATCH:-64}" ${TIK_VERIFY_FLAGS---no-stock} --out "$W/verify-$1.json" >"$W/verify-$1.log" 2>&1 || rc=1
