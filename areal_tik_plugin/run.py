@@ -98,8 +98,37 @@ def run_entry(entry: list[str]) -> None:
         runpy.run_path(entry[0], run_name="__main__")
 
 
+def assign_gpus(n_servers: int, gpus_per_server: int, n_trainer: int, visible: list[str] | None = None):
+    """Disjoint GPUs for the SGLang servers and the trainer, as AReaL's schedulers place them.
+
+    -> (one ``CUDA_VISIBLE_DEVICES`` value per server, the trainer's value), or ``None`` where the
+    machine has too few GPUs (or none): then every process inherits the environment (colocated).
+    ``visible``: the usable GPU ids (default: ``CUDA_VISIBLE_DEVICES`` or all devices)."""
+    if visible is None:
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if cvd is not None:
+            visible = [x.strip() for x in cvd.split(",") if x.strip()]
+        else:
+            import torch
+
+            visible = [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    need = n_servers * gpus_per_server + n_trainer
+    if not visible or len(visible) < need:
+        if visible:
+            print(f"[tik] {len(visible)} GPU(s) for {need} (SGLang {n_servers}x{gpus_per_server} + trainer "
+                  f"{n_trainer}): processes share GPUs", flush=True)
+        return None
+    servers = [",".join(visible[i * gpus_per_server:(i + 1) * gpus_per_server]) for i in range(n_servers)]
+    k = n_servers * gpus_per_server
+    return servers, ",".join(visible[k:k + n_trainer])
+
+
 def launch_spmd(entry: list[str], nproc: int | None, port: int | None, log_dir: str | None) -> int:
-    """Start SGLang (plugin per ``tik``) for the config, then torchrun this module on ``entry``."""
+    """Start SGLang (plugin per ``tik``) for the config, then torchrun this module on ``entry``.
+
+    With enough GPUs the servers and the trainer get disjoint ones (``CUDA_VISIBLE_DEVICES``) and the
+    trainer starts while SGLang loads (AReaL waits for the servers' health itself); otherwise the
+    trainer starts once every server is healthy."""
     import socket
     import subprocess
 
@@ -127,32 +156,53 @@ def launch_spmd(entry: list[str], nproc: int | None, port: int | None, log_dir: 
             return s.getsockname()[1]
 
     import signal
+    import time
 
     def _term(signum, frame):  # run the finally below (stop the servers) on SIGTERM too
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _term)
+    n_srv, tp = rdims.get("d", 1), rdims.get("t", 1)
+    n = nproc or adims.get("d", 1) * adims.get("p", 1) * adims.get("t", 1)
+    gpus = assign_gpus(n_srv, tp, n) if S.resolve_device(tik) == "cuda" else None  # None: sequential start
     servers, addrs, trainer = [], [], None
     try:
-        for i in range(rdims.get("d", 1)):
+        for i in range(n_srv):
             sp = port + i if port else free_port()
-            sargs = S.server_args_from_areal(cfg, tp_size=rdims.get("t", 1), host="127.0.0.1", port=sp)
+            sargs = S.server_args_from_areal(cfg, tp_size=tp, host="127.0.0.1", port=sp)
             log = os.path.join(log_dir, f"sglang_{i}.log") if log_dir else None
-            servers.append(S.start_server(sargs, tik, log_path=log))
+            extra = {"CUDA_VISIBLE_DEVICES": gpus[0][i]} if gpus else None
+            servers.append((S.start_server(sargs, tik, log_path=log, extra_env=extra, wait=gpus is None), sp))
             addrs.append(f"127.0.0.1:{sp}")
         env = dict(os.environ, AREAL_SPMD_MODE="1", AREAL_LLM_SERVER_ADDRS=",".join(addrs))
         env[ENV_VAR] = tik.to_env()
-        n = nproc or adims.get("d", 1) * adims.get("p", 1) * adims.get("t", 1)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[1]
+            print(f"[tik] GPUs: SGLang {gpus[0]}, trainer {gpus[1]}", flush=True)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "areal_tik_plugin.run",
                *entry, *_CTX["cli"]]
         trainer = subprocess.Popen(cmd, env=env, start_new_session=True)
-        return trainer.wait()
+        t0, pending = time.time(), list(servers) if gpus else []
+        while trainer.poll() is None:  # a server that dies (or, still loading, never gets healthy) ends the run
+            dead = [sp for proc, sp in servers if proc.poll() is not None]
+            if dead:
+                print(f"[tik] SGLang server(s) on port(s) {dead} exited; stopping the trainer", flush=True)
+                return 1
+            if pending:
+                pending = [(proc, sp) for proc, sp in pending if not S.is_healthy("127.0.0.1", sp)]
+                if not pending:
+                    print(f"[tik] SGLang healthy after {time.time() - t0:.0f} s (trainer started alongside)", flush=True)
+                elif time.time() - t0 > 300.0:
+                    print("[tik] SGLang not healthy after 300 s; stopping", flush=True)
+                    return 1
+            time.sleep(1.0)
+        return trainer.returncode
     finally:
         if trainer is not None and trainer.poll() is None:  # interrupted: take torchrun's group down
             S.stop_server(trainer)
-        for s in servers:
-            S.stop_server(s)
+        for proc, _ in servers:
+            S.stop_server(proc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,13 @@ arguments for SGLang 0.5.10; with the installed SGLang (0.5.23) its wrapper brea
 entry point in every SGLang process) -- or, for an SGLang without a plugin system,
 ``python -m areal_tik_plugin.integrations.sglang_launch`` -- and passes only the arguments the
 installed ``ServerArgs`` knows. Plugin on: ``--attention-backend tik``.
+
+On CUDA without a real ``sgl_kernel`` (the GPU box: ``integrations/_gpu_stubs/sgl_kernel`` stands in,
+raising on any call) the command is set up as ``sglang_gpu_proof`` runs its engines: sampling
+``pytorch`` and grammar ``none`` (their defaults need flashinfer / xgrammar kernels); plugin off
+(baseline), AReaL's ``fa3`` (sgl-kernel's FlashAttention) becomes ``triton`` and SGLang's fused
+layer ops run their torch-native paths (``SGLANG_FORCE_FUSED_OP_BACKEND=torch``, plugins off).
+Decode CUDA graphs are captured up to ``max_running_requests`` only.
 """
 
 from __future__ import annotations
@@ -26,6 +33,16 @@ CPU_DEFAULTS = {
     # a fraction of *host* RAM on CPU; SGLang refuses to start when 1 - free/total exceeds it, so
     # 0.05 fails on a busy machine. The KV pool stays capped by max_total_tokens.
     "mem_fraction_static": 0.4,
+}
+# stock attention backends that call sgl-kernel / flashinfer / trtllm kernels on CUDA; without a real
+# sgl_kernel the baseline server uses SGLang's Triton backend instead (as sglang_gpu_proof measured)
+_NEEDS_SGL_KERNEL = ("fa3", "fa4", "flashinfer", "flashmla", "cutlass_mla", "trtllm_mha", "trtllm_mla")
+STOCK_CUDA_ATTENTION = "triton"
+# environment the GPU proof runs SGLang with when sgl_kernel is the stub (setdefault: the caller wins)
+STUB_SGL_KERNEL_ENV = {
+    "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
+    # the trimmed wheel's Rust radix TreeCore fails against torch 2.11: SGLang's Python TreeCore
+    "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
 }
 
 
@@ -48,6 +65,21 @@ def resolve_device(tik: TikConfig) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def real_sgl_kernel() -> bool:
+    """True when an installed ``sgl_kernel`` (SGLang's CUDA kernel wheel) is importable; False when it
+    is absent or is the plugin's import-only stand-in (``integrations/_gpu_stubs/sgl_kernel``)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sgl_kernel")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.origin:
+        return False
+    stubs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_gpu_stubs")
+    return not os.path.abspath(spec.origin).startswith(stubs + os.sep)
 
 
 def to_flags(args: dict) -> list[str]:
@@ -80,12 +112,31 @@ def build_command(server_args: dict, tik: TikConfig, python: str | None = None) 
                 args[k] = v
         if args.get("max_running_requests") in (None, 0):
             args["max_running_requests"] = 16
+    env = os.environ.copy()
     known = server_fields()
+    if device == "cuda":
+        if args.get("max_running_requests") and "cuda_graph_max_bs_decode" in known and \
+                args.get("cuda_graph_max_bs_decode") is None and "--cuda-graph-max-bs-decode" not in tik.sglang_extra_args:
+            args["cuda_graph_max_bs_decode"] = args["max_running_requests"]  # no graphs for batches never run
+        if not real_sgl_kernel():
+            for k, v in (("sampling_backend", "pytorch"), ("grammar_backend", "none")):
+                if args.get(k) in (None, ""):
+                    args[k] = v
+            for k, v in STUB_SGL_KERNEL_ENV.items():
+                env.setdefault(k, v)
+            if not tik.enable:
+                if args.get("attention_backend") in _NEEDS_SGL_KERNEL or not args.get("attention_backend"):
+                    print(f"[tik] SGLang (baseline, no sgl-kernel): attention backend "
+                          f"{args.get('attention_backend')!r} -> {STOCK_CUDA_ATTENTION!r}; torch-native layer ops", flush=True)
+                    args["attention_backend"] = STOCK_CUDA_ATTENTION
+                env.setdefault("SGLANG_FORCE_FUSED_OP_BACKEND", "torch")
+                env.setdefault("SGLANG_PLUGINS", "none")
+    if tik.enable:
+        env.setdefault("SGLANG_PLUGINS", "tik")
     dropped = sorted(k for k in args if k not in known)
     args = {k: v for k, v in args.items() if k in known}
     module = "sglang.launch_server" if has_plugin_system() else "areal_tik_plugin.integrations.sglang_launch"
     cmd = [python or sys.executable, "-m", module, *to_flags(args), *tik.sglang_extra_args]
-    env = os.environ.copy()
     if device == "cpu":  # the Triton kernels run under the interpreter; set before triton imports
         env.setdefault("TRITON_INTERPRET", "1")
     if dropped:
@@ -105,35 +156,47 @@ def server_args_from_areal(cfg, tp_size: int = 1, host: str = "127.0.0.1", port:
     return SGLangConfig.build_args(sglang_config=sg, tp_size=tp_size, base_gpu_id=0, host=host, port=port)
 
 
-def wait_healthy(host: str, port: int, proc=None, timeout: float = 300.0) -> None:
+def is_healthy(host: str, port: int) -> bool:
     import urllib.request
 
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except Exception:  # noqa: BLE001 -- not up yet
+        return False
+
+
+def wait_healthy(host: str, port: int, proc=None, timeout: float = 300.0) -> None:
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"SGLang server exited with code {proc.returncode} before becoming healthy")
-        try:
-            with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except Exception:  # noqa: BLE001 -- not up yet
-            pass
+        if is_healthy(host, port):
+            return
         time.sleep(0.5)
     raise TimeoutError(f"SGLang server at {host}:{port} not healthy after {timeout:.0f}s")
 
 
-def start_server(server_args: dict, tik: TikConfig, log_path: str | None = None, timeout: float = 300.0):
-    """Start SGLang with :func:`build_command` in its own process group and wait until healthy."""
+def start_server(server_args: dict, tik: TikConfig, log_path: str | None = None, timeout: float = 300.0,
+                 extra_env: dict | None = None, wait: bool = True):
+    """Start SGLang with :func:`build_command` in its own process group and (``wait``) wait until
+    healthy. ``extra_env`` (e.g. ``CUDA_VISIBLE_DEVICES``) overrides the environment."""
     import subprocess
 
     cmd, env = build_command(server_args, tik)
+    env.update(extra_env or {})
+    if log_path:
+        with open(log_path, "a") as f:
+            f.write("[tik] " + " ".join(cmd) + "\n" + "".join(
+                f"[tik]   {k}={env[k]}\n" for k in sorted(env) if k.startswith(("SGLANG_", "CUDA_VISIBLE"))))
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_healthy(server_args.get("host", "127.0.0.1"), int(server_args["port"]), proc, timeout)
-    except BaseException:
-        stop_server(proc)
-        raise
+    if wait:
+        try:
+            wait_healthy(server_args.get("host", "127.0.0.1"), int(server_args["port"]), proc, timeout)
+        except BaseException:
+            stop_server(proc)
+            raise
     return proc
 
 
