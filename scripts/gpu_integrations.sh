@@ -6,7 +6,8 @@
 # Usage (device call, carry [".whl", ".whl-areal"]):
 #   bash scripts/gpu_integrations.sh STEP [STEP...]
 # STEPs: sglang | liger | recompute | verify-full | layer-bench | gemm-sweep | host | search | gsm8k
-# (gsm8k: kind nvidia-h200-x2, wheels built with `areal.gpu_wheels .whl-areal --trainer`; written, not run yet)
+# (gsm8k: kind nvidia-h200-x2, wheels built with `areal.gpu_wheels .whl-areal --trainer`; not run on a GPU yet;
+#  about 150-200 s per mode, TIK_GSM8K_LIMIT=240 s each)
 # Everything lands in $OUT/bundle.tgz (plus the step JSONs next to it); a short table per step on stdout.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -80,20 +81,46 @@ for step in "$@"; do
       timeout 120 python3 -m areal_tik_plugin.gpu.host_overhead --out "$W" >"$W/host.log" 2>&1 || rc=1
       head -12 "$W/host.log"; grep -A30 "ncalls" "$W/host.log" | cut -c1-150;;
     gsm8k)
-      # the GSM8K GRPO recipe, staleness 0, baseline (AReaL recompute) then tik, on a random full-size Qwen3
-      # (recipes/gsm8k/model/gpu-random-qwen3.yaml: SGLang on one GPU, FSDP on the other)
-      export TIK_GPU_MODEL=/tmp/tik-random-qwen3-1.7b
-      python3 -m areal_tik_plugin.integrations.areal.tiny $TIK_GPU_MODEL qwen3 --shape qwen3-1.7b --device cuda >"$W/gsm8k-build.log" 2>&1 || rc=1
-      for mode in baseline tik; do
+      # the GSM8K GRPO recipe, staleness 0, baseline (AReaL recompute, stock SGLang: Triton attention +
+      # torch-native ops, no sgl-kernel) then tik, on a random full-size Qwen3 (recipes/gsm8k/model/
+      # gpu-random-qwen3.yaml: SGLang on GPU 0, FSDP on GPU 1, disk weight updates, 4 steps of 8x8 samples
+      # x 512 tokens, step 0 = warm-up). Parity reward (a random model scores 0 on GSM8K). Per mode: one
+      # summary line (tok/s, step time, phases); $W/gsm8k-summary.json + `tik compare` report in the bundle.
+      # CPU rehearsal: TIK_GSM8K_MODEL_GROUP=cpu-tiny TIK_GSM8K_BUILD= TIK_TINY_MODEL=$TIK_GPU_MODEL
+      export TIK_GPU_MODEL=${TIK_GPU_MODEL:-/tmp/tik-random-qwen3-1.7b}
+      if [ ! -f "$TIK_GPU_MODEL/config.json" ]; then
+        timeout 200 python3 -m areal_tik_plugin.integrations.areal.tiny $TIK_GPU_MODEL qwen3 \
+          ${TIK_GSM8K_BUILD---shape qwen3-1.7b --device cuda} >"$W/gsm8k-build.log" 2>&1 || { rc=1; tail -5 "$W/gsm8k-build.log"; }
+      fi
+      runs=
+      for mode in ${TIK_GSM8K_MODES:-baseline tik}; do
+        [ -f "$TIK_GPU_MODEL/config.json" ] || break
+        d=$W/gsm8k-$mode; mkdir -p "$d"; rm -rf /tmp/gsm8k-$mode
         PYTHONPATH=$PWD/areal_tik_plugin/integrations/_gpu_stubs:$PYTHONPATH:$STUBS SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
-          SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python WANDB_MODE=offline timeout "${TIK_GSM8K_LIMIT:-240}" \
-          python3 -m areal_tik_plugin.run --spmd --log-dir "$W/gsm8k-$mode" recipes/gsm8k_rl.py \
-          --config recipes/gsm8k/config.yaml model=gpu-random-qwen3 algorithm=grpo staleness=s0 mode=$mode \
-          cluster.fileroot=/tmp/gsm8k-$mode/fr cluster.name_resolve.nfs_record_root=/tmp/gsm8k-$mode/nr \
-          trial_name=gpu-$mode >"$W/gsm8k-$mode.log" 2>&1 || rc=1
-        echo "-- $mode"; grep -E "Error|Traceback" "$W/gsm8k-$mode.log" | head -5
-        find "$W/gsm8k-$mode" -name tik_stats.jsonl -exec tail -c 600 {} \;
-      done;;
+          SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+          TRANSFORMERS_OFFLINE=1 TIK_GSM8K_DATA=$PWD/tests/data/gsm8k_tiny \
+          TIK_REWARD_FN=areal_tik_plugin.integrations.areal.testing.parity_reward_fn \
+          timeout -k 60 "${TIK_GSM8K_LIMIT:-240}" python3 -m areal_tik_plugin.run --spmd --log-dir "$d" recipes/gsm8k_rl.py \
+          --config recipes/gsm8k/config.yaml model=${TIK_GSM8K_MODEL_GROUP:-gpu-random-qwen3} algorithm=grpo staleness=s0 \
+          mode=$mode cluster.fileroot=/tmp/gsm8k-$mode/fr cluster.name_resolve.nfs_record_root=/tmp/gsm8k-$mode/nr \
+          trial_name=gpu-$mode tik.stats_jsonl=$d/tik_stats.jsonl ${TIK_GSM8K_ARGS:-} >"$W/gsm8k-$mode.log" 2>&1
+        r=$?; [ $r -eq 0 ] || rc=1
+        echo "-- $mode (exit $r, $(( $(date +%s) - t0 )) s into the step)"
+        grep -E "\[tik\] (GPUs|SGLang|plugin)" "$W/gsm8k-$mode.log" | grep -v "dropped arguments" | head -4
+        if [ $r -ne 0 ]; then  # the trainer's first errors, then the server's
+          grep -E "Error|Traceback" "$W/gsm8k-$mode.log" | head -6
+          grep -hE "Error|error:|Traceback|stub" "$d"/sglang_*.log 2>/dev/null | grep -v "Connection refused\|freeze_gc" | head -6
+        fi
+        python3 -m areal_tik_plugin.integrations.areal.summary "$d/tik_stats.jsonl" || rc=1
+        runs="$runs $d/tik_stats.jsonl"
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null | head -4  # leftovers
+        rm -rf /tmp/gsm8k-$mode  # weight-update checkpoints, rollout dumps
+      done
+      if [ -n "$runs" ]; then
+        echo "-- summary (steps after the warm-up)"
+        python3 -m areal_tik_plugin.integrations.areal.summary $runs --json "$W/gsm8k-summary.json" || rc=1
+        python3 -m areal_tik_plugin.cli compare $runs -o "$W/gsm8k-compare" >/dev/null 2>&1 || echo "(tik compare failed)"
+      fi;;
     search)
       OUT=$W bash search/gpu_search.sh "${TIK_SEARCH_NAME:-h200-knobs}" "${TIK_SEARCH_BUDGET_S:-300}" >"$W/search.log" 2>&1 || rc=1
       tail -20 "$W/search.log";;
