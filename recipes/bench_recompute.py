@@ -73,6 +73,39 @@ def synthetic_batch(n: int, prompt: int, response: int, vocab: int, seed: int):
     return out
 
 
+def check_bits(actor, path: str, a, vocab: int) -> dict:
+    """AReaL's FSDP actor (``compute_logp``: FSDP2 mixed precision, AReaL's packing/padding, the patched
+    model and gather_logprobs) vs the plugin-patched plain HF model's packed forward on the same
+    sequences: the training side of the contract on its own, no SGLang. AReaL's ``compute_logp`` puts
+    the log-prob of token t+1 at position t; both alignments are reported."""
+    import torch
+
+    from areal_tik_plugin.integrations.sglang_check import training_logprobs
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    data = synthetic_batch(a.check_bits, a.prompt, a.response, vocab, seed=4242)
+    if dev == "cuda":
+        data = [{k: v.cuda() for k, v in d.items()} for d in data]
+    got = actor.compute_logp(data)
+    reqs = []
+    for d in data:
+        ids = d["input_ids"][0].tolist()
+        reqs.append((ids[:a.prompt], ids[a.prompt:], 1.0))
+    ref = training_logprobs(path, reqs, device=dev, max_tokens_per_forward=a.max_tokens_per_mb)
+    out = {"sequences": len(reqs), "tokens": sum(len(r) for _, r, _ in reqs)}
+    for name, off in (("shifted", a.prompt - 1), ("aligned", a.prompt)):
+        n_diff, max_abs = 0, 0.0
+        for g, r, (_, resp, _) in zip(got, ref, reqs):
+            g = g.reshape(-1)[off:off + len(resp)].float().cpu()
+            n = min(len(g), len(r))
+            d = (g[:n] - r[:n]).abs()
+            n_diff += int((g[:n].view(torch.int32) != r[:n].view(torch.int32)).sum()) + (len(r) - n)
+            max_abs = max(max_abs, float(d.max()) if n else float("inf"))
+        out[name] = {"mismatched_tokens": n_diff, "max_abs_diff": max_abs}
+    print("check_bits (AReaL FSDP actor vs plain patched HF):", json.dumps(out), flush=True)
+    return out
+
+
 def _lean_trainer_package() -> None:
     """``FSDPPPOActor`` imports ``areal.trainer.ppo.actor``; the ``areal.trainer`` package's own
     ``__init__`` imports every trainer (datasets, wandb, tensorboardX, ... none used here). Where those
@@ -102,7 +135,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tik", action="store_true", help="patch the model and log-prob helpers with the plugin")
     ap.add_argument("--attn-impl", default="sdpa")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--check-bits", type=int, default=0, metavar="N",
+                    help="first compare, bit for bit, the actor's compute_logp on N synthetic sequences with the "
+                         "plugin-patched plain HF model's packed forward (sglang_check.training_logprobs); needs --tik")
     a = ap.parse_args(argv)
+    if a.check_bits and not a.tik:
+        ap.error("--check-bits compares the plugin's training paths: add --tik")
 
     import torch
     import torch.distributed as dist
@@ -137,9 +175,13 @@ def main(argv=None) -> int:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    with open(os.path.join(path, "config.json")) as f:
+        vocab = int(json.load(f)["vocab_size"])
+    check = check_bits(actor, path, a, vocab) if a.check_bits and rank == 0 else None
+
     rows = []
     for step in range(a.warmup + a.steps):
-        data = synthetic_batch(a.batch // world, a.prompt, a.response, QWEN25_15B["vocab_size"], seed=step * 997 + rank)
+        data = synthetic_batch(a.batch // world, a.prompt, a.response, vocab, seed=step * 997 + rank)
         if torch.cuda.is_available():  # rollout batches reach the actor on its device (compute_logp's output is there)
             data = [{k: v.cuda() for k, v in d.items()} for d in data]
         sync()
@@ -164,7 +206,7 @@ def main(argv=None) -> int:
     mean["step_without_recompute_s"] = mean["advantages_s"] + mean["update_s"]
     mean["saving_fraction"] = mean["recompute_s"] / mean["step_with_recompute_s"]
     res = {"args": vars(a), "world_size": world, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-           "torch": torch.__version__, "per_step": rows, "mean": mean}
+           "torch": torch.__version__, "per_step": rows, "mean": mean, "check_bits": check}
     if rank == 0:
         print(json.dumps(res["mean"], indent=2))
         if a.out:
