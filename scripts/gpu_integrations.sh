@@ -130,15 +130,17 @@ for step in "$@"; do
       export TIK_GPU_MODEL=${TIK_GPU_MODEL:-/tmp/tik-random-qwen3-1.7b}
       [ -f "$TIK_GPU_MODEL/config.json" ] || timeout 200 python3 -m areal_tik_plugin.integrations.areal.tiny \
         $TIK_GPU_MODEL qwen3 --shape qwen3-1.7b --device cuda >"$W/bits-build.log" 2>&1 || { rc=1; tail -3 "$W/bits-build.log"; }
-      timeout 220 python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out "$W/bits-sglang" --stub-sgl-kernel \
-        --model-dir $TIK_GPU_MODEL --batch 64 --prefix 300 --new 128 --baselines "" --timeout 200 \
-        --engine-arg chunked_prefill_size=-1 --engine-arg disable_radix_cache=true --engine-arg context_length=1024 \
-        >"$W/bits-sglang.log" 2>&1 || rc=1
-      echo "-- A: SGLang (tik) vs plain patched HF"; grep -E "Error|Traceback" "$W/bits-sglang.log" | head -3; tail -2 "$W/bits-sglang.log"
+      if [ "${TIK_BITS_SGLANG:-1}" = 1 ]; then  # TIK_BITS_SGLANG=0: part B only
+        timeout 220 python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out "$W/bits-sglang" --stub-sgl-kernel \
+          --model-dir $TIK_GPU_MODEL --batch 64 --prefix 300 --new 128 --baselines "" --timeout 200 \
+          --engine-arg chunked_prefill_size=-1 --engine-arg disable_radix_cache=true --engine-arg context_length=1024 \
+          >"$W/bits-sglang.log" 2>&1 || rc=1
+        echo "-- A: SGLang (tik) vs plain patched HF"; grep -E "Error|Traceback" "$W/bits-sglang.log" | head -3; tail -2 "$W/bits-sglang.log"
+      fi
       PYTHONPATH=$PYTHONPATH:$STUBS timeout 200 torchrun --nproc-per-node 1 recipes/bench_recompute.py --tik \
         --model-dir $TIK_GPU_MODEL --check-bits 16 --batch 16 --prompt 36 --response 512 --steps 1 --warmup 0 \
         --out "$W/bits-areal.json" >"$W/bits-areal.log" 2>&1 || rc=1
-      echo "-- B: AReaL FSDP actor vs plain patched HF"; grep -E "check_bits|Error|Traceback" "$W/bits-areal.log" | head -5;;
+      echo "-- B: AReaL FSDP actor vs plain patched HF"; grep -E "check_bits|Error|Traceback" "$W/bits-areal.log" | cut -c1-1500 | head -5;;
     search)
       budget=${TIK_SEARCH_BUDGET_S:-300}
       if [ -n "$TIK_DEADLINE_S" ]; then  # leave TIK_SEARCH_RESERVE_S (default 90) after the search for later steps
