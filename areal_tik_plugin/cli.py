@@ -57,6 +57,17 @@ def _cmd_evidence(args) -> int:
             print(f"AReaL FSDP train step ({b['gpu']}): stock with recompute {b['step_with_recompute_s']:.2f} s, "
                   f"plugin without recompute {t['step_without_recompute_s']:.2f} s "
                   f"({b['step_with_recompute_s'] / t['step_without_recompute_s']:.2f}x)")
+        for r in integ.get("areal_gsm8k", []):
+            t, b = r["tik"], r["baseline"]
+            mon = t.get("monitor") or {}
+            print(f"AReaL GSM8K GRPO on the GPU ({r['file']}): tik {t['tokens_per_s']:.0f} tok/s vs baseline "
+                  f"{b['tokens_per_s']:.0f} ({t['tokens_per_s'] / b['tokens_per_s']:.2f}x), step {t['step_s']:.1f} vs "
+                  f"{b['step_s']:.1f} s over {t['measured_steps']} steps; tik monitor "
+                  f"{int(mon.get('mismatched_tokens', 0))}/{int(mon.get('checked_tokens', 0))} tokens differ"
+                  + (" -> FALLBACK to recompute" if t.get("fallback_active") else ""))
+        for r in integ.get("areal_bits", []):
+            print(f"AReaL FSDP actor vs plain patched HF ({r['file']}, {r['gpu']}): {r['mismatched_tokens']}/"
+                  f"{r['tokens']} log-probs differ (max {r['max_abs_diff']:.3g})")
     return 0 if s["all_ok"] or not args.strict else 1
 
 

@@ -161,11 +161,16 @@ def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[st
     * ``sglang_gpu``: ``python -m areal_tik_plugin.integrations.sglang_gpu_proof`` JSON under
       ``evidence/sglang/`` (a real SGLang Engine with ``attention_backend="tik"`` vs the training path);
     * ``areal_recompute``: ``recipes/bench_recompute.py`` JSON under ``evidence/areal/`` (AReaL's FSDP
-      PPO actor: train-step time with and without the recompute forward).
+      PPO actor: train-step time with and without the recompute forward);
+    * ``areal_gsm8k``: ``gsm8k-summary.json`` of ``bash scripts/gpu_integrations.sh gsm8k`` under
+      ``evidence/areal/*/`` (the GSM8K recipe, tik vs baseline: tokens/s, phases, mismatch monitor);
+    * ``areal_bits``: ``bench_recompute.py --check-bits`` JSON under ``evidence/areal/*/`` (AReaL's FSDP
+      actor vs the plain plugin-patched HF forward, bit for bit).
     """
     root = root or repo_evidence_dir()
     rel = lambda p: os.path.relpath(p, os.path.dirname(root))  # noqa: E731
-    out: dict[str, list[dict[str, Any]]] = {"layer_bench": [], "sglang_gpu": [], "areal_recompute": []}
+    out: dict[str, list[dict[str, Any]]] = {"layer_bench": [], "sglang_gpu": [], "areal_recompute": [],
+                                            "areal_gsm8k": [], "areal_bits": []}
     for p in sorted(glob.glob(os.path.join(root, "layer_bench", "*.json"))):
         rec = _load_json(p)
         if not rec or rec.get("schema") != "areal-tik-layer-bench/1":
@@ -205,4 +210,24 @@ def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[st
             "step_without_recompute_s": m.get("step_without_recompute_s"),
             "recompute_fraction": m.get("saving_fraction"),
         })
+    for p in sorted(glob.glob(os.path.join(root, "areal", "*", "gsm8k-summary.json"))):
+        rec = _load_json(p)
+        if not rec or "tik" not in rec or "baseline" not in rec:
+            continue
+        row = {"file": rel(p)}
+        for mode in ("tik", "baseline"):
+            r = rec[mode]
+            row[mode] = {"tokens_per_s": r.get("tokens_per_s"), "step_s": r.get("step_s"),
+                         "measured_steps": r.get("measured_steps"), "fallback_active": r.get("fallback_active"),
+                         "monitor": r.get("monitor")}
+        out["areal_gsm8k"].append(row)
+    for p in sorted(glob.glob(os.path.join(root, "areal", "*", "bits-areal.json"))):
+        rec = _load_json(p)
+        cb = (rec or {}).get("check_bits")
+        if not cb:
+            continue
+        out["areal_bits"].append({"file": rel(p), "gpu": rec.get("device"), "model": rec["args"].get("model_dir"),
+                                  "sequences": cb.get("sequences"), "tokens": cb.get("tokens"),
+                                  "mismatched_tokens": cb["shifted"]["mismatched_tokens"],
+                                  "max_abs_diff": cb["shifted"]["max_abs_diff"]})
     return out

@@ -73,6 +73,137 @@ def synthetic_batch(n: int, prompt: int, response: int, vocab: int, seed: int):
     return out
 
 
+def check_bits(actor, path: str, a, vocab: int) -> dict:
+    """AReaL's FSDP actor (``compute_logp``: FSDP2 mixed precision, AReaL's packing/padding, the patched
+    model and gather_logprobs) vs the plugin-patched plain HF model's packed forward on the same
+    sequences: the training side of the contract on its own, no SGLang. AReaL's ``compute_logp`` puts
+    the log-prob of token t+1 at position t; both alignments are reported."""
+    import torch
+
+    from areal_tik_plugin.integrations.sglang_check import training_logprobs
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    data = synthetic_batch(a.check_bits, a.prompt, a.response, vocab, seed=4242)
+    if dev == "cuda":
+        data = [{k: v.cuda() for k, v in d.items()} for d in data]
+    got = actor.compute_logp(data)
+    reqs = []
+    for d in data:
+        ids = d["input_ids"][0].tolist()
+        reqs.append((ids[:a.prompt], ids[a.prompt:], 1.0))
+    ref = training_logprobs(path, reqs, device=dev, max_tokens_per_forward=a.max_tokens_per_mb)
+    out = {"sequences": len(reqs), "tokens": sum(len(r) for _, r, _ in reqs)}
+    for name, off in (("shifted", a.prompt - 1), ("aligned", a.prompt)):
+        n_diff, max_abs = 0, 0.0
+        for g, r, (_, resp, _) in zip(got, ref, reqs):
+            g = g.reshape(-1)[off:off + len(resp)].float().cpu()
+            n = min(len(g), len(r))
+            d = (g[:n] - r[:n]).abs()
+            n_diff += int((g[:n].view(torch.int32) != r[:n].view(torch.int32)).sum()) + (len(r) - n)
+            max_abs = max(max_abs, float(d.max()) if n else float("inf"))
+        out[name] = {"mismatched_tokens": n_diff, "max_abs_diff": max_abs}
+    print("check_bits (AReaL FSDP actor vs plain patched HF):", json.dumps(out), flush=True)
+    if a.bisect or (out["shifted"]["mismatched_tokens"] and out["aligned"]["mismatched_tokens"]):
+        out["bisect"] = bisect_modules(actor, path, data[0]["input_ids"][0].cpu(), dev)
+        print("check_bits bisect:", json.dumps(out["bisect"]), flush=True)
+    return out
+
+
+def _plain_name(name: str) -> str:
+    for w in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "base_model.model."):
+        name = name.replace(w, "")
+    return name
+
+
+def _bits_equal(a, b) -> bool:
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    iv = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(a.element_size())
+    return bool(torch.equal(a.contiguous().view(iv), b.contiguous().view(iv))) if iv else bool(torch.equal(a, b))
+
+
+def bisect_modules(actor, path: str, seq, dev: str) -> dict:
+    """Where the actor's model and the plain patched HF model part, on one packed sequence: parameters
+    (bf16 view of the actor's, gathered when sharded), the RoPE buffer, then every module's output in
+    execution order (first differing module, per-layer max |delta|), and the logits of the same packed
+    forward through both (if those agree, the difference is in how AReaL prepares inputs or reads logits)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from areal_tik_plugin.integrations.transformers import apply_to_model, canonical_inv_freq
+    from areal_tik_plugin.verify import hf_packed_logits
+
+    mine = getattr(actor, "model", None)
+    if mine is None:
+        return {"error": "the actor has no .model"}
+    ref = apply_to_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(dev))
+    res = {}
+    ref_params = {_plain_name(n): p for n, p in ref.named_parameters()}
+    bad, dtypes = [], set()
+    for n, p in mine.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        dtypes.add(str(t.dtype))
+        r = ref_params.get(_plain_name(n))
+        if r is None or not _bits_equal(t.detach().to(torch.bfloat16), r.detach()):
+            bad.append(_plain_name(n))
+    res["actor_param_dtypes"] = sorted(dtypes)
+    res["params_differing"] = bad[:8]
+    res["params_differing_count"] = len(bad)
+    rot = [m for n, m in mine.named_modules() if n.endswith("rotary_emb")]
+    if rot and hasattr(rot[0], "inv_freq"):
+        buf = rot[0].inv_freq.detach().float().cpu()
+        canon = canonical_inv_freq(rot[0]).float().cpu()
+        res["rope_buffer_equals_cpu_formula"] = _bits_equal(buf, canon)
+        res["rope_buffer_max_rel_diff"] = float(((buf - canon).abs() / canon.abs()).max())
+
+    def run(model):
+        names, outs, hooks = [], [], []
+        for n, m in model.named_modules():
+            if n == "":
+                continue
+
+            def hook(mod, args, o, n=_plain_name(n)):
+                t = o[0] if isinstance(o, (tuple, list)) else getattr(o, "logits", o)
+                if torch.is_tensor(t):
+                    names.append(n)
+                    outs.append(t.detach().float().cpu())
+            hooks.append(m.register_forward_hook(hook))
+        try:
+            with torch.no_grad():
+                logits = hf_packed_logits(model, [seq], dev)[0].detach().float().cpu()
+        finally:
+            for h in hooks:
+                h.remove()
+        return dict(zip(names, outs)), names, logits
+
+    was_training = mine.training
+    mine.eval()
+    try:
+        a_out, a_names, a_logits = run(mine)
+    finally:
+        mine.train(was_training)
+    r_out, _, r_logits = run(ref)
+    res["packed_logits_equal"] = _bits_equal(a_logits, r_logits)
+    res["packed_logits_max_abs_diff"] = float((a_logits - r_logits).abs().max())
+    first, layers = None, {}
+    for n in a_names:
+        r = r_out.get(n)
+        if r is None or r.shape != a_out[n].shape:
+            continue
+        d = float((a_out[n] - r).abs().max())
+        if d and first is None:
+            first = {"module": n, "max_abs_diff": d}
+        parts = n.split(".")
+        if len(parts) >= 3 and parts[-2] == "layers" and parts[-1].isdigit():
+            layers[int(parts[-1])] = d
+    res["first_differing_module"] = first
+    res["layer_output_max_abs_diff"] = [layers[k] for k in sorted(layers)]
+    del ref
+    return res
+
+
 def _lean_trainer_package() -> None:
     """``FSDPPPOActor`` imports ``areal.trainer.ppo.actor``; the ``areal.trainer`` package's own
     ``__init__`` imports every trainer (datasets, wandb, tensorboardX, ... none used here). Where those
@@ -102,7 +233,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tik", action="store_true", help="patch the model and log-prob helpers with the plugin")
     ap.add_argument("--attn-impl", default="sdpa")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--check-bits", type=int, default=0, metavar="N",
+                    help="first compare, bit for bit, the actor's compute_logp on N synthetic sequences with the "
+                         "plugin-patched plain HF model's packed forward (sglang_check.training_logprobs); needs --tik")
+    ap.add_argument("--bisect", action="store_true",
+                    help="with --check-bits: always locate where the two models part (it runs by itself on a mismatch)")
     a = ap.parse_args(argv)
+    if a.check_bits and not a.tik:
+        ap.error("--check-bits compares the plugin's training paths: add --tik")
 
     import torch
     import torch.distributed as dist
@@ -137,9 +275,13 @@ def main(argv=None) -> int:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    with open(os.path.join(path, "config.json")) as f:
+        vocab = int(json.load(f)["vocab_size"])
+    check = check_bits(actor, path, a, vocab) if a.check_bits and rank == 0 else None
+
     rows = []
     for step in range(a.warmup + a.steps):
-        data = synthetic_batch(a.batch // world, a.prompt, a.response, QWEN25_15B["vocab_size"], seed=step * 997 + rank)
+        data = synthetic_batch(a.batch // world, a.prompt, a.response, vocab, seed=step * 997 + rank)
         if torch.cuda.is_available():  # rollout batches reach the actor on its device (compute_logp's output is there)
             data = [{k: v.cuda() for k, v in d.items()} for d in data]
         sync()
@@ -164,7 +306,7 @@ def main(argv=None) -> int:
     mean["step_without_recompute_s"] = mean["advantages_s"] + mean["update_s"]
     mean["saving_fraction"] = mean["recompute_s"] / mean["step_with_recompute_s"]
     res = {"args": vars(a), "world_size": world, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-           "torch": torch.__version__, "per_step": rows, "mean": mean}
+           "torch": torch.__version__, "per_step": rows, "mean": mean, "check_bits": check}
     if rank == 0:
         print(json.dumps(res["mean"], indent=2))
         if a.out:

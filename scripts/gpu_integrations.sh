@@ -5,7 +5,8 @@
 #   python -m areal_tik_plugin.integrations.areal.gpu_wheels .whl-areal   # areal 1.0.4 + light deps, liger-kernel
 # Usage (device call, carry [".whl", ".whl-areal"]):
 #   bash scripts/gpu_integrations.sh STEP [STEP...]
-# STEPs: sglang | liger | recompute | verify-full | layer-bench | gemm-sweep | host | search | gsm8k
+# STEPs: sglang | liger | recompute | verify-full | layer-bench | gemm-sweep | host | search | gsm8k | areal-bits
+# (search: TIK_DEADLINE_S caps its budget so that TIK_SEARCH_RESERVE_S seconds remain for later steps)
 # (gsm8k: kind nvidia-h200-x2, wheels built with `areal.gpu_wheels .whl-areal --trainer`; not run on a GPU yet;
 #  about 150-200 s per mode, TIK_GSM8K_LIMIT=240 s each)
 # Everything lands in $OUT/bundle.tgz (plus the step JSONs next to it); a short table per step on stdout.
@@ -62,9 +63,10 @@ for step in "$@"; do
     verify-full)
       # plugin path only by default: the stock comparison (HF cached decode) at batch 64 x 1K responses did
       # not finish in 180 s per model; TIK_VERIFY_FLAGS="" TIK_VERIFY_BATCH=8 runs it
-      lim=(${TIK_VERIFY_LIMITS:-150 150 90})  # seconds per model, in this order
+      lim=(${TIK_VERIFY_LIMITS:-150 150 90})  # seconds per model, in this order (TIK_VERIFY_MODELS: ';'-list)
       i=0
-      for m in "qwen2.5-1.5b" "qwen3-4b" "qwen3-30b-a3b --layers 4"; do
+      IFS=';' read -ra models <<< "${TIK_VERIFY_MODELS:-qwen2.5-1.5b;qwen3-4b;qwen3-30b-a3b --layers 4}"
+      for m in "${models[@]}"; do
         set -- $m
         timeout "${lim[$i]}" python3 -m areal_tik_plugin.verify --model $m --prompt-len 1024 --response-len 128..1024 \
           --batch "${TIK_VERIFY_BATCH:-64}" ${TIK_VERIFY_FLAGS---no-stock} --out "$W/verify-$1.json" >"$W/verify-$1.log" 2>&1 || rc=1
@@ -77,7 +79,7 @@ for step in "$@"; do
       timeout "${TIK_GS_LIMIT:-300}" python3 -m areal_tik_plugin.gpu.gemm_sweep --out "$W" ${TIK_GS_ARGS:-} >"$W/gemm_sweep.log" 2>&1 || rc=1
       grep -vE "^\s*$" "$W/gemm_sweep.log" | tail -66 | cut -c1-150;;
     host)
-      timeout 120 python3 -m areal_tik_plugin.gpu.host_overhead --out "$W" >"$W/host.log" 2>&1 || rc=1
+      timeout "${TIK_HOST_LIMIT:-120}" python3 -m areal_tik_plugin.gpu.host_overhead --out "$W" >"$W/host.log" 2>&1 || rc=1
       head -12 "$W/host.log"; grep -A30 "ncalls" "$W/host.log" | cut -c1-150;;
     gsm8k)
       # the GSM8K GRPO recipe, staleness 0, baseline (AReaL recompute, stock SGLang: Triton attention +
@@ -120,8 +122,32 @@ for step in "$@"; do
         python3 -m areal_tik_plugin.integrations.areal.summary $runs --json "$W/gsm8k-summary.json" || rc=1
         python3 -m areal_tik_plugin.cli compare $runs -o "$W/gsm8k-compare" >/dev/null 2>&1 || echo "(tik compare failed)"
       fi;;
+    areal-bits)
+      # where rollout and training part in the GSM8K GPU run (session 11: the monitor saw 8050/8192 tokens
+      # differ at step 0): A = SGLang Engine (tik) vs the plain plugin-patched HF packed forward on that
+      # run's model and SGLang settings (no chunked prefill, no radix cache, context 1024, 64 running);
+      # B = AReaL's FSDP actor compute_logp vs the same HF forward (no SGLang)
+      export TIK_GPU_MODEL=${TIK_GPU_MODEL:-/tmp/tik-random-qwen3-1.7b}
+      [ -f "$TIK_GPU_MODEL/config.json" ] || timeout 200 python3 -m areal_tik_plugin.integrations.areal.tiny \
+        $TIK_GPU_MODEL qwen3 --shape qwen3-1.7b --device cuda >"$W/bits-build.log" 2>&1 || { rc=1; tail -3 "$W/bits-build.log"; }
+      if [ "${TIK_BITS_SGLANG:-1}" = 1 ]; then  # TIK_BITS_SGLANG=0: part B only
+        timeout 220 python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out "$W/bits-sglang" --stub-sgl-kernel \
+          --model-dir $TIK_GPU_MODEL --batch 64 --prefix 300 --new 128 --baselines "" --timeout 200 \
+          --engine-arg chunked_prefill_size=-1 --engine-arg disable_radix_cache=true --engine-arg context_length=1024 \
+          >"$W/bits-sglang.log" 2>&1 || rc=1
+        echo "-- A: SGLang (tik) vs plain patched HF"; grep -E "Error|Traceback" "$W/bits-sglang.log" | head -3; tail -2 "$W/bits-sglang.log"
+      fi
+      PYTHONPATH=$PYTHONPATH:$STUBS timeout 200 torchrun --nproc-per-node 1 recipes/bench_recompute.py --tik \
+        --model-dir $TIK_GPU_MODEL --check-bits 16 --batch 16 --prompt 36 --response 512 --steps 1 --warmup 0 \
+        --out "$W/bits-areal.json" >"$W/bits-areal.log" 2>&1 || rc=1
+      echo "-- B: AReaL FSDP actor vs plain patched HF"; grep -E "check_bits|Error|Traceback" "$W/bits-areal.log" | cut -c1-1500 | head -5;;
     search)
-      OUT=$W bash search/gpu_search.sh h200-knobs "${TIK_SEARCH_BUDGET_S:-300}" >"$W/search.log" 2>&1 || rc=1
+      budget=${TIK_SEARCH_BUDGET_S:-300}
+      if [ -n "$TIK_DEADLINE_S" ]; then  # leave TIK_SEARCH_RESERVE_S (default 90) after the search for later steps
+        left=$(( TIK_DEADLINE_S - SECONDS - 40 - ${TIK_SEARCH_RESERVE_S:-90} )); [ $left -lt $budget ] && budget=$left
+      fi
+      echo "search budget ${budget} s"
+      OUT=$W bash search/gpu_search.sh "${TIK_SEARCH_NAME:-h200-knobs}" "$budget" >"$W/search.log" 2>&1 || rc=1
       tail -20 "$W/search.log";;
     *) echo "unknown step $step"; rc=2;;
   esac

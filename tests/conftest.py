@@ -25,3 +25,20 @@ def private_tik_v1(tmp_path):
     shutil.copytree(loader.resolve_path("tik_v1"), root, ignore=shutil.ignore_patterns("__pycache__"))
     loader.write_manifest_hash(root)
     return root
+
+
+@pytest.fixture
+def knob_run_on_tik_v1(tmp_path, private_tik_v1):
+    """Run the knobs driver on ``private_tik_v1`` for a spec and a step count; returns the opened run."""
+    import os
+
+    from areal_tik_plugin.cli import main
+    from areal_tik_plugin.search.state import Run
+
+    def run(spec: str, max_steps: int):
+        d = os.path.join(str(tmp_path), "run")
+        assert main(["search", "run", "--driver", "knobs", "--spec", spec, "--impl", private_tik_v1,
+                     "--run-dir", d, "--max-steps", str(max_steps), "--no-progress"]) == 0
+        return Run.open(d, lock=False)
+
+    return run

@@ -41,10 +41,14 @@ def test_loader_refuses_edited_implementation(tmp_path):
 def test_integration_results_are_summarized():
     impl = loader.load_implementation(loader.resolve_path(loader.selected_name("sm_90")))
     integ = evidence.summary(impl)["integrations"]
-    assert set(integ) == {"layer_bench", "sglang_gpu", "areal_recompute"}
+    assert set(integ) == {"layer_bench", "sglang_gpu", "areal_recompute", "areal_gsm8k", "areal_bits"}
     for r in integ["sglang_gpu"]:  # every committed SGLang GPU proof must hold
         assert r["bit_identical"] and r["ops_through_ours"], r
     for r in integ["layer_bench"]:
         assert r["n"] and r["mean_ratio"] > 0, r
     modes = {r["tik"] for r in integ["areal_recompute"]}
     assert not integ["areal_recompute"] or modes == {True, False}, "recompute bench: commit both modes together"
+    for r in integ["areal_gsm8k"]:  # both modes measured; the monitor's counts are what the run logged
+        assert r["tik"]["tokens_per_s"] > 0 and r["baseline"]["tokens_per_s"] > 0, r
+    for r in integ["areal_bits"]:
+        assert 0 <= r["mismatched_tokens"] <= r["tokens"], r

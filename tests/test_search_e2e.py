@@ -153,12 +153,8 @@ def test_agent_protocol(tmp_path, capsys):
     assert main(["search", "report", d]) == 0
 
 
-def test_attention_runner_on_tik_v1_interpreter(tmp_path, private_tik_v1):
-    root = private_tik_v1
-    d = os.path.join(str(tmp_path), "run")
-    assert main(["search", "run", "--driver", "knobs", "--spec", "cpu_attention_smoke", "--impl", root,
-                 "--run-dir", d, "--max-steps", "1", "--no-progress"]) == 0
-    run = Run.open(d, lock=False)
+def test_attention_runner_on_tik_v1_interpreter(knob_run_on_tik_v1):
+    run = knob_run_on_tik_v1("cpu_attention_smoke", 1)
     e0, e1 = run.audits["E0000"], run.audits["E0001"]
     assert e0.status == "ok", e0.error
     names = {c["name"] for c in e0.checks}

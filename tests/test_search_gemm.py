@@ -9,17 +9,14 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
 from areal_tik_plugin import loader
-from areal_tik_plugin.cli import main
 from areal_tik_plugin.gpu.suite import Recorder
 from areal_tik_plugin.search import edits as E, spec as S
 from areal_tik_plugin.search.runners import gemm as R
-from areal_tik_plugin.search.state import Run
 
 QWEN_DENSE = {(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728),     # Qwen3-4B qkv, o, gate_up, down
               (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288),    # Qwen3-8B
@@ -53,12 +50,8 @@ def test_gemm_specs_validate():
         assert all(E.knob_scope(n, k.coupled, spec) == ["gemm.linear"] for n, k in knobs.items())
 
 
-def test_gemm_knob_search_on_tik_v1_interpreter(tmp_path, private_tik_v1):
-    root = private_tik_v1
-    d = os.path.join(str(tmp_path), "run")
-    assert main(["search", "run", "--driver", "knobs", "--spec", "cpu_gemm_smoke", "--impl", root,
-                 "--run-dir", d, "--max-steps", "2", "--no-progress"]) == 0
-    run = Run.open(d, lock=False)
+def test_gemm_knob_search_on_tik_v1_interpreter(knob_run_on_tik_v1):
+    run = knob_run_on_tik_v1("cpu_gemm_smoke", 2)
     e0 = run.audits["E0000"]
     assert e0.status == "ok" and e0.verified, e0.error
     checks = {c["name"]: c for c in e0.checks}

@@ -431,3 +431,25 @@ def test_unsupported_models_raise():
         T.apply_to_model(gpt2)
     with pytest.raises(ValueError, match="model_type"):
         T._apply_classes("mistral")
+
+
+def test_rope_uses_the_cpu_formula_not_the_modules_buffer():
+    """AReaL's FSDP engine builds the model on the GPU, where HF's ``inv_freq`` buffer is computed by
+    CUDA's pow/division and can differ from the CPU result in the last bit; the rollout side computes
+    the CPU formula. The patched forward must therefore ignore the buffer: a changed buffer (here
+    every entry x 1.001, and one ulp) gives the same logits, bit for bit."""
+    from areal_tik_plugin.integrations.sglang_layers import hf_default_inv_freq
+
+    m = patched("qwen3")
+    rot = m.model.rotary_emb
+    seqs = seqs_for(m.config.vocab_size, lens=(9, 4), seed=2)
+    cpu = T.canonical_inv_freq(rot)
+    head_dim = m.config.head_dim
+    assert torch.equal(cpu, hf_default_inv_freq(float(m.config.rope_parameters["rope_theta"]), head_dim))
+    with torch.no_grad():
+        ref = m(**packed_kwargs(seqs)).logits
+        for changed in (rot.inv_freq * 1.001, torch.nextafter(rot.inv_freq, torch.full_like(rot.inv_freq, 2.0))):
+            rot.inv_freq.copy_(changed)
+            rot.__dict__.pop("_tik_inv_freq_on", None)
+            assert torch.equal(T.rope_params(rot)[0], cpu)
+            assert_bitwise(m(**packed_kwargs(seqs)).logits, ref, "inv_freq buffer changed")

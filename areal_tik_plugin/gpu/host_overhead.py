@@ -127,24 +127,56 @@ def main(argv=None) -> int:
     s = io.StringIO()
     pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
     res["cprofile_tottime"] = s.getvalue()[-6000:]
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(45)
+    res["cprofile_cumulative"] = s.getvalue()[-9000:]
+    res["launches_per_layer"] = _count_launches(layer)
+    # the same layer's Python alone on this machine's CPU (launches no-ops, CPU tensors of 4 rows):
+    # host time per layer minus this is Triton's launch path + torch's own op dispatch on the GPU
+    try:
+        res["stub_launch_host_us_per_layer"] = _stub_host_us(args.model, 4)
+    except Exception as e:  # noqa: BLE001 -- a GPU-only launcher path on CPU tensors: report, keep the rest
+        res["stub_launch_error"] = f"{type(e).__name__}: {e}"[:500]
+        res["stub_launch_host_us_per_layer"] = float("nan")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "host_overhead.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"{args.model} layer prefill {P} tokens: " + json.dumps({k: round(v, 1) for k, v in res["layer"].items()}))
     for name, r in res["ops"].items():
         print(f"  {name:<20}" + "  ".join(f"{k} {v:8.1f}" for k, v in r.items()))
-    print("\n".join(res["cprofile_tottime"].splitlines()[:40]))
+    print(f"  Triton launches per layer {res['launches_per_layer']}; our Python alone (launches stubbed, "
+          f"this CPU) {res['stub_launch_host_us_per_layer']:.1f} us per layer")
+    print("\n".join(res["cprofile_cumulative"].splitlines()[:50]))
     return 0
 
 
-def _stub_main(args) -> int:
-    """Host Python time of one layer prefill with every Triton launch a no-op (see module doc)."""
+def _count_launches(layer) -> int:
+    """Triton kernel launches in one call of ``layer`` (JITFunction.run calls)."""
+    import torch
     import triton.runtime.jit as J
 
-    from areal_tik_plugin.loader import get_implementation
+    n = [0]
+    run = J.JITFunction.run
 
-    get_implementation()  # the loader decides interpreter vs compiled before the kernels exist
+    def counting(self, *a, **k):
+        n[0] += 1
+        return run(self, *a, **k)
+
+    J.JITFunction.run = counting
+    try:
+        with torch.no_grad():
+            layer()
+    finally:
+        J.JITFunction.run = run
+    return n[0]
+
+
+def _stub_launches() -> None:
+    """Every Triton kernel launch becomes a no-op and value checks are off (as on the GPU)."""
+    import triton.runtime.jit as J
     from triton.runtime import interpreter as I
+
+    from areal_tik_plugin.ops import _validate as V
 
     def noop(*a, **k):
         return None
@@ -152,12 +184,14 @@ def _stub_main(args) -> int:
     for cls in (J.JITFunction, getattr(I, "InterpretedFunction", None)):
         if cls is not None:
             cls.__getitem__ = lambda self, grid: noop
-    from areal_tik_plugin.ops import _validate as V
-
     V.check_values = lambda device: False  # as on the GPU (value checks need a host sync there)
-    P = args.tokens or 4
-    _plug, _parts, layer = _layer(args.model, "cpu", P)
 
+
+def _stub_host_us(model: str, P: int) -> float:
+    """Best-of-5 host Python time per layer prefill of P rows with launches stubbed (irreversible:
+    call last)."""
+    _stub_launches()
+    _plug, _parts, layer = _layer(model, "cpu", P)
     for _ in range(20):
         layer()
     best = float("inf")
@@ -166,6 +200,16 @@ def _stub_main(args) -> int:
         for _ in range(200):
             layer()
         best = min(best, (time.perf_counter() - t0) / 200 * 1e6)
+    return best
+
+
+def _stub_main(args) -> int:
+    """Host Python time of one layer prefill with every Triton launch a no-op (see module doc)."""
+    from areal_tik_plugin.loader import get_implementation
+
+    get_implementation()  # the loader decides interpreter vs compiled before the kernels exist
+    P = args.tokens or 4
+    best = _stub_host_us(args.model, P)
     impl = get_implementation()
     res = {"model": args.model, "tokens": P, "stub_launch": True, "host_us_per_layer": best,
            "implementation": impl.name, "source_hash": impl.source_hash}

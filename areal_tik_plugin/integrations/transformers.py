@@ -173,31 +173,45 @@ def _rope_type(config) -> str:
     return (rp.get("rope_type") or rp.get("type") or "default") if isinstance(rp, dict) else "default"
 
 
+def canonical_inv_freq(rotary) -> torch.Tensor:
+    """The RoPE ``inv_freq`` of a HF rotary module as Hugging Face computes it *on the CPU* in fp32.
+
+    Never the module's buffer: a model created directly on a GPU (AReaL's FSDP engine loads on
+    ``cuda``) holds an ``inv_freq`` computed by CUDA's ``pow`` / division, which can differ from the CPU
+    result in the last bit -- and then every cos/sin, hence every logit, differs from the rollout
+    side, which computes the same formula on the CPU (``sglang_layers.hf_default_inv_freq``). Measured
+    on the H200 before this rule: AReaL's actor vs the plain patched model, 7071 / 7104 log-probs differ
+    (max 0.10), SGLang vs the plain patched model bit-identical (docs/PERF_NOTES.md, session 11).
+    """
+    rtype = getattr(rotary, "rope_type", "default")
+    cpu = torch.device("cpu")
+    if rtype == "default":
+        fn = type(rotary).compute_default_rope_parameters
+    else:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        fn = ROPE_INIT_FUNCTIONS[rtype]
+    return fn(rotary.config, device=cpu)[0].to(torch.float32).contiguous()
+
+
 def rope_params(rotary, device: torch.device | None = None) -> tuple[torch.Tensor, float]:
     """(fp32 contiguous inv_freq on ``device``, attention_scaling) of a HF rotary embedding module.
 
-    ``inv_freq`` is the module's buffer when it is fp32; a buffer cast to bf16 by ``model.to(bf16)``
-    is recomputed in fp32 from the config (the value the rollout engine computes).
+    ``inv_freq`` is :func:`canonical_inv_freq` (computed once on the CPU, cached on the module with
+    one copy per device), whatever the module's buffer holds (its device, its dtype after
+    ``model.to(bf16)``).
     """
     rtype = getattr(rotary, "rope_type", "default")
     if rtype in _DYNAMIC_ROPE:
         raise NotImplementedError(f"rope_type {rtype!r}: inv_freq depends on the sequence length; "
                                   "the unified RoPE supports static inv_freq (default, linear, llama3, yarn)")
-    inv = rotary.inv_freq
-    if inv.dtype != torch.float32:
-        cached = getattr(rotary, "_tik_inv_freq", None)
-        if cached is None:
-            if rtype == "default":
-                fn = type(rotary).compute_default_rope_parameters
-            else:
-                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-                fn = ROPE_INIT_FUNCTIONS[rtype]
-            cached = fn(rotary.config, device=inv.device)[0].to(torch.float32)
-            rotary._tik_inv_freq = cached
-        inv = cached
-    dev = device if device is not None else inv.device
-    inv = inv.to(device=dev, dtype=torch.float32).contiguous()
+    per_device = getattr(rotary, "_tik_inv_freq_on", None)
+    if per_device is None:
+        per_device = rotary._tik_inv_freq_on = {"cpu": canonical_inv_freq(rotary)}
+    dev = str(device if device is not None else rotary.inv_freq.device)
+    inv = per_device.get(dev)
+    if inv is None:
+        inv = per_device[dev] = per_device["cpu"].to(dev)
     return inv, float(getattr(rotary, "attention_scaling", 1.0))
 
 
@@ -722,6 +736,6 @@ __all__ = [
     "apply_tik_kernels_to_qwen2", "apply_tik_kernels_to_qwen3", "apply_tik_kernels_to_qwen3_moe",
     "apply_tik_kernels_to_llama", "revert_tik_kernels",
     "register_attention", "replace_builtin_attention", "restore_builtin_attention", "tik_attention_function",
-    "tik_linear", "tik_rms_norm", "tik_qkv", "tik_mlp", "tik_moe", "tik_ffn", "rope_params",
+    "tik_linear", "tik_rms_norm", "tik_qkv", "tik_mlp", "tik_moe", "tik_ffn", "rope_params", "canonical_inv_freq",
     "varlen_layout", "attend_packed", "attend_prefix", "check_config", "require_ops", "missing_ops",
 ]
