@@ -37,6 +37,8 @@ def load_impl_no_interp(path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--impl", default=os.path.join(os.path.dirname(__file__), "..", "kernels", "tik_v1"))
+    ap.add_argument("--sweep-split", action="store_true",
+                    help="compile the split-weight configurations of gpu.gemm_sweep --split (bf16, GEMM only)")
     args = ap.parse_args(argv)
     import triton
     from triton.backends.compiler import GPUTarget
@@ -78,8 +80,13 @@ def main(argv=None) -> int:
     # down_proj (gemm.split_chunk(9728)): large configs keep a second accumulator ("fused"),
     # small ones write chunk partials (_linear_partial_kernel) reduced by _linear_reduce_kernel
     splits = ((0, 1), (gemm.split_chunk(9728), -(-9728 // gemm.split_chunk(9728))))
-    for dt in ("bf16", "fp16"):
-        for cfg in gemm.all_configs():
+    cfgs = gemm.all_configs()
+    if args.sweep_split:
+        from areal_tik_plugin.gpu.gemm_sweep import split_configs
+
+        cfgs = [dict(c, split_weight=True) for c in split_configs(64) + split_configs(1024)]
+    for dt in ("bf16",) if args.sweep_split else ("bf16", "fp16"):
+        for cfg in cfgs:
             bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
             opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], enable_fp_fusion=False)
             fused = cfg.get("split") == "fused"
@@ -90,9 +97,10 @@ def main(argv=None) -> int:
                            "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32",
                            "HAS_BIAS": "constexpr", "EVEN_K": "constexpr", "BLOCK_M": "constexpr",
                            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "GROUP": "constexpr",
-                           "CHUNK_K": "constexpr", "N_CHUNKS": "constexpr"}
+                           "CHUNK_K": "constexpr", "N_CHUNKS": "constexpr", "SPLIT_FLAT": "constexpr"}
                     consts = dict(HAS_BIAS=has_bias, EVEN_K=even_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                  GROUP=cfg["GROUP_M"], CHUNK_K=chunk, N_CHUNKS=n_chunks)
+                                  GROUP=cfg["GROUP_M"], CHUNK_K=chunk, N_CHUNKS=n_chunks,
+                                  SPLIT_FLAT=bool(cfg.get("flat", gemm.SPLIT_FLAT)) and n_chunks > 1)
                     compile_one(f"linear_ptr/{dt}/{cfg['name']}{tag}/b{int(has_bias)}e{int(even_k)}",
                                 gemm._linear_ptr_kernel, sig, consts, [i for i in aligned_ptr if i != 4], opts)
                 if cfg["tma"]:
@@ -103,9 +111,11 @@ def main(argv=None) -> int:
                         sig = {"x_desc": desc([bm, bk]), "w_desc": desc([bn, bk]), "y_desc": desc([bm, bn]),
                                "Bias": f"*{dt}", "M": "i32", "N": "i32", "K": "i32", "HAS_BIAS": "constexpr",
                                "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-                               "GROUP": "constexpr", "CHUNK_K": "constexpr", "N_CHUNKS": "constexpr"}
+                               "GROUP": "constexpr", "CHUNK_K": "constexpr", "N_CHUNKS": "constexpr",
+                               "SPLIT_FLAT": "constexpr"}
                         consts = dict(HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
-                                      CHUNK_K=chunk, N_CHUNKS=n_chunks)
+                                      CHUNK_K=chunk, N_CHUNKS=n_chunks,
+                                      SPLIT_FLAT=bool(cfg.get("flat", gemm.SPLIT_FLAT)) and n_chunks > 1)
                         compile_one(f"linear_tma/{dt}/{cfg['name']}{tag}/b{int(has_bias)}", gemm._linear_tma_kernel,
                                     sig, consts, [3, 5, 6], opts)
             if not fused:
@@ -124,6 +134,9 @@ def main(argv=None) -> int:
                         dict(HAS_BIAS=has_bias, N_CHUNKS=splits[1][1], BLOCK=gemm.REDUCE_BLOCK), [0, 1, 2, 5],
                         dict(num_warps=4, num_stages=1, enable_fp_fusion=False), False)
 
+    if args.sweep_split:
+        print(f"{len(failures)} failures")
+        return 1 if failures else 0
     E, K_TOP = 128, 8
     e_pad = max(16, triton.next_power_of_2(E))
     for ldt in ("bf16", "fp32"):

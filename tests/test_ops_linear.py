@@ -217,9 +217,9 @@ def test_split_every_config_and_path_same_bits():
         x, w, b = _data(70, K, N, torch.bfloat16, seed=5, bias=bias)
         ref = gemm.linear(x, w, b)
         for cfg in gemm.all_configs():
-            for split in ("partial", "fused"):
-                got = gemm.linear(x, w, b, config={**cfg, "split": split})
-                _assert_bits(got, ref, f"{cfg['name']} {split} bias={bias}")
+            for split, flat in (("partial", False), ("fused", False), ("fused", True)):
+                got = gemm.linear(x, w, b, config={**cfg, "split": split, "flat": flat})
+                _assert_bits(got, ref, f"{cfg['name']} {split} flat={flat} bias={bias}")
 
 
 def test_split_differs_from_one_chain_and_is_accurate(monkeypatch):

@@ -122,6 +122,9 @@ def _check_all_configs(rec, tag, N, K, has_bias, M=300):
         if split:  # a split weight: the other path (workspace + ordered reduce vs registers) too
             other = "fused" if cfg.get("split") == "partial" else "partial"
             rec.bitwise(f"config[{tag}/{cfg['name']}/{other}]", gemm.linear(x, w, b, config=dict(cfg, split=other)), ref)
+            flat = not cfg.get("flat", False)  # the fused path's other loop form (one flat loop / one per chunk)
+            rec.bitwise(f"config[{tag}/{cfg['name']}/fused_flat={flat}]",
+                        gemm.linear(x, w, b, config=dict(cfg, split="fused", flat=flat)), ref)
     # one row alone through each small-M config == the default big-M result
     for cfg in gemm.all_configs():
         if cfg["name"].startswith("small"):

@@ -74,6 +74,12 @@ LARGE_M_SPLIT_TILES = (
     (128, 128, 8, 3, 1, 1.00),
     (128, 64, 4, 4, 2, 0.80),
 )
+# Split weight, M <= SPLIT_PARTIAL_MAX_M: chunk partials in separate programs (tiles x chunks) + an
+# ordered reduction kernel; larger M: both accumulators in one program ("fused"), whose program count
+# equals the unsplit kernel's. SPLIT_FLAT: the fused path runs one pipelined K loop and adds the
+# finished chunk at each chunk boundary (else one loop per chunk). Same arithmetic on every path.
+SPLIT_PARTIAL_MAX_M = 64
+SPLIT_FLAT = False
 GROUP_M = 8              # grouped (swizzled) tile order for L2 reuse
 USE_TMA = True           # TMA descriptor loads/stores for BLOCK_M >= TMA_MIN_BLOCK_M when aligned
 TMA_MIN_BLOCK_M = 64
@@ -92,6 +98,8 @@ KNOBS = {
         "SMALL_M_TMA": (False, True),
         "LARGE_M_TILES": LARGE_M_TILES,
         "LARGE_M_SPLIT_TILES": LARGE_M_SPLIT_TILES,
+        "SPLIT_PARTIAL_MAX_M": (1, 16, 32, 64),
+        "SPLIT_FLAT": (False, True),
         "GROUP_M": (1, 4, 8, 16),
         "USE_TMA": (False, True),
     },
@@ -156,7 +164,7 @@ def _linear_ptr_kernel(
     X, W, Bias, Y, M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1,
+    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1, SPLIT_FLAT: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
@@ -182,6 +190,26 @@ def _linear_ptr_kernel(
             acc = tl.dot(a, tl.trans(b), acc)
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
+    elif SPLIT_FLAT:  # split weight: one pipelined K loop, the finished chunk added at each boundary
+        x_ptrs = X + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+        w_ptrs = W + rn[:, None] * stride_wn + offs_k[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_tiles = tl.cdiv(K, BLOCK_K)
+        for ki in range(0, k_tiles):
+            if EVEN_K:
+                a = tl.load(x_ptrs, mask=m_ok, other=0.0)
+                b = tl.load(w_ptrs)
+            else:
+                kmask = offs_k[None, :] < K - ki * BLOCK_K
+                a = tl.load(x_ptrs, mask=m_ok & kmask, other=0.0)
+                b = tl.load(w_ptrs, mask=kmask, other=0.0)
+            part = tl.dot(a, tl.trans(b), part)
+            if ((ki + 1) % (CHUNK_K // BLOCK_K) == 0) | (ki == k_tiles - 1):
+                acc = acc + part
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
     else:  # split weight, large M: finished chunk partials added in chunk order, in registers
         x_row = X + offs_m.to(tl.int64)[:, None] * stride_xm
         w_row = W + rn[:, None] * stride_wn
@@ -201,7 +229,7 @@ def _linear_tma_kernel(
     x_desc, w_desc, y_desc, Bias, M, N, K,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1,
+    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1, SPLIT_FLAT: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
@@ -213,6 +241,16 @@ def _linear_tma_kernel(
             a = x_desc.load([off_m, k0])
             b = w_desc.load([off_n, k0])
             acc = tl.dot(a, b.T, acc)
+    elif SPLIT_FLAT:  # split weight (see _linear_ptr_kernel)
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_tiles = tl.cdiv(K, BLOCK_K)
+        for ki in range(0, k_tiles):
+            a = x_desc.load([off_m, ki * BLOCK_K])
+            b = w_desc.load([off_n, ki * BLOCK_K])
+            part = tl.dot(a, b.T, part)
+            if ((ki + 1) % (CHUNK_K // BLOCK_K) == 0) | (ki == k_tiles - 1):
+                acc = acc + part
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:  # split weight, large M (see _linear_ptr_kernel)
         for c in range(N_CHUNKS):
             k_lo = c * CHUNK_K
@@ -304,12 +342,13 @@ def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
     if M <= SMALL_M_TABLE[-1][0]:
         bm = next(b for max_m, b in SMALL_M_TABLE if M <= max_m)
         bn = SMALL_M_BLOCK_N[-1]
-        chunks = _cdiv(K, split_chunk(K))                    # a split weight runs tiles x chunks programs
+        partial = M <= SPLIT_PARTIAL_MAX_M
+        chunks = _cdiv(K, split_chunk(K)) if partial else 1  # the partial path runs tiles x chunks programs
         for cand in SMALL_M_BLOCK_N:
             if _cdiv(N, cand) * chunks >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
                 bn = cand
                 break
-        return _small_config(bm, bn)
+        return _small_config(bm, bn, split="partial" if partial else "fused")
     best, best_time = None, float("inf")
     split_weight = split_chunk(K) < K
     for bm, bn, warps, stages, per_sm, speed in LARGE_M_SPLIT_TILES if split_weight else LARGE_M_TILES:
@@ -322,23 +361,29 @@ def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
     return _large_config(*best, split_weight=split_weight)
 
 
-def _large_config(bm: int, bn: int, warps: int, stages: int, split_weight: bool = False) -> dict:
+def _large_config(bm: int, bn: int, warps: int, stages: int, split_weight: bool = False, flat=None) -> dict:
+    flat = SPLIT_FLAT if flat is None else flat
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=GROUP_M,
-                tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, split="fused", split_weight=split_weight,
-                name=f"large_{'split_' if split_weight else ''}m{bm}_n{bn}")
+                tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, split="fused", split_weight=split_weight, flat=flat,
+                name=f"large_{'split_' if split_weight else ''}{'flat_' if split_weight and flat else ''}m{bm}_n{bn}")
 
 
-def _small_config(bm: int, bn: int) -> dict:
+def _small_config(bm: int, bn: int, split: str = "partial", flat=None) -> dict:
+    flat = SPLIT_FLAT if flat is None else flat
     bytes_per_stage = bn * C.GEMM_BLOCK_K * 2
     stages = 1 + max(1, SMALL_M_INFLIGHT_BYTES // bytes_per_stage)
     stages = min(stages, SMALL_M_MAX_STAGES, SMALL_M_SMEM_BUDGET // ((bm + bn) * C.GEMM_BLOCK_K * 2))
+    tag = "" if split == "partial" else ("_fused_flat" if flat else "_fused")
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=SMALL_M_WARPS, num_stages=max(2, stages), GROUP_M=1,
-                tma=SMALL_M_TMA and USE_TMA and bm >= TMA_MIN_BLOCK_M, split="partial", name=f"small_m{bm}_n{bn}")
+                tma=SMALL_M_TMA and USE_TMA and bm >= TMA_MIN_BLOCK_M, split=split, flat=flat,
+                name=f"small_m{bm}_n{bn}{tag}")
 
 
 def all_configs() -> list[dict]:
     """Every GPU configuration :func:`config_for` can return (for contract checks of free knobs)."""
     out = [_small_config(bm, bn) for _, bm in SMALL_M_TABLE for bn in SMALL_M_BLOCK_N]
+    out += [_small_config(bm, bn, split="fused") for max_m, bm in SMALL_M_TABLE if max_m > SPLIT_PARTIAL_MAX_M
+            for bn in SMALL_M_BLOCK_N]
     out += [_large_config(bm, bn, w, st) for bm, bn, w, st, _, _ in LARGE_M_TILES]
     out += [_large_config(bm, bn, w, st, split_weight=True) for bm, bn, w, st, _, _ in LARGE_M_SPLIT_TILES]
     return out
@@ -393,7 +438,7 @@ def linear(x, weight, bias=None, config=None, out=None):
     grid = (_cdiv(M, bm) * _cdiv(N, bn),)
     has_bias = bias is not None
     b = bias if has_bias else y
-    split = dict(CHUNK_K=chunk, N_CHUNKS=n_chunks) if n_chunks > 1 else {}
+    split = dict(CHUNK_K=chunk, N_CHUNKS=n_chunks, SPLIT_FLAT=bool(cfg.get("flat", SPLIT_FLAT))) if n_chunks > 1 else {}
     if n_chunks > 1 and cfg.get("split", "partial" if bm <= SMALL_M_TABLE[-1][1] else "fused") == "partial":
         # small M: chunk partials in separate programs (tiles x chunks), then the ordered reduction
         part = torch.empty((n_chunks, M, N), device=x.device, dtype=torch.float32)
