@@ -68,18 +68,29 @@ LARGE_M_TILES = (
     (64, 256, 4, 4, 1, 0.98),
 )
 # Large M on a split weight (split_chunk < K) keeps two fp32 accumulators (chunk partial + running
-# sum): one warpgroup with a 128x128 or 64x256 tile spills (sm_90 compile check: 255 registers,
-# ~800 bytes of spill stores), so these tiles give each thread half the accumulator elements.
+# sum). Chosen by M and N, not by the wave model (H200 sweep, session 12: `gemm_sweep --split` on
+# Qwen3-4B o/down and Qwen3-8B down, M 1024 / 4096): up to LARGE_M_SPLIT_MID_M rows, 64x128 on one
+# warpgroup with 3 stages for N <= LARGE_M_SPLIT_NARROW_N (4B o/down M=1024: 36 / 89 us vs 44 / 101 us
+# for 128x128) and 128x128 on one warpgroup with 3 stages above it (8B down M=1024: 138 us); beyond
+# it 128x128 on two warpgroups with 4 stages (M=4096: 0.81-0.84x cuBLAS; the same tile with 3 stages
+# was 25-40% slower, the previous choice).
 LARGE_M_SPLIT_TILES = (
-    (128, 128, 8, 3, 1, 1.00),
-    (128, 64, 4, 4, 2, 0.80),
+    (64, 128, 4, 3),       # M <= LARGE_M_SPLIT_MID_M, N <= LARGE_M_SPLIT_NARROW_N
+    (128, 128, 4, 3),      # M <= LARGE_M_SPLIT_MID_M, wider N
+    (128, 128, 8, 4),      # larger M
 )
+LARGE_M_SPLIT_MID_M = 2048
+LARGE_M_SPLIT_NARROW_N = 3072
+# Small M on a split weight, M > SPLIT_SMALL_MID_M: chunk partials with BLOCK_N 64, 4 stages (M=64:
+# 4B down 21.6 / 8B down 35.6 us vs 27.9 / 43.6 us with the unsplit rule's BLOCK_N 32 / 9 stages).
+SPLIT_SMALL_MID_M = 16
+SPLIT_SMALL_MID = (64, 4)  # (BLOCK_N, num_stages)
 # Split weight, M <= SPLIT_PARTIAL_MAX_M: chunk partials in separate programs (tiles x chunks) + an
 # ordered reduction kernel; larger M: both accumulators in one program ("fused"), whose program count
 # equals the unsplit kernel's. SPLIT_FLAT: the fused path runs one pipelined K loop and adds the
 # finished chunk at each chunk boundary (else one loop per chunk). Same arithmetic on every path.
 SPLIT_PARTIAL_MAX_M = 64
-SPLIT_FLAT = False
+SPLIT_FLAT = True          # sweep: flat within 2% of one-loop-per-chunk or faster on every large-M tile
 GROUP_M = 8              # grouped (swizzled) tile order for L2 reuse
 USE_TMA = True           # TMA descriptor loads/stores for BLOCK_M >= TMA_MIN_BLOCK_M when aligned
 TMA_MIN_BLOCK_M = 64
@@ -98,6 +109,10 @@ KNOBS = {
         "SMALL_M_TMA": (False, True),
         "LARGE_M_TILES": LARGE_M_TILES,
         "LARGE_M_SPLIT_TILES": LARGE_M_SPLIT_TILES,
+        "LARGE_M_SPLIT_MID_M": (1024, 2048, 4096),
+        "LARGE_M_SPLIT_NARROW_N": (0, 3072, 8192),
+        "SPLIT_SMALL_MID_M": (16, 32, 64),
+        "SPLIT_SMALL_MID": ((32, 8), (64, 4), (128, 4), (128, 8)),
         "SPLIT_PARTIAL_MAX_M": (1, 16, 32, 64),
         "SPLIT_FLAT": (False, True),
         "GROUP_M": (1, 4, 8, 16),
@@ -343,15 +358,20 @@ def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
         bm = next(b for max_m, b in SMALL_M_TABLE if M <= max_m)
         bn = SMALL_M_BLOCK_N[-1]
         partial = M <= SPLIT_PARTIAL_MAX_M
+        if partial and M > SPLIT_SMALL_MID_M and split_chunk(K) < K:
+            return _small_config(bm, SPLIT_SMALL_MID[0], split="partial", stages=SPLIT_SMALL_MID[1])
         chunks = _cdiv(K, split_chunk(K)) if partial else 1  # the partial path runs tiles x chunks programs
         for cand in SMALL_M_BLOCK_N:
             if _cdiv(N, cand) * chunks >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
                 bn = cand
                 break
         return _small_config(bm, bn, split="partial" if partial else "fused")
+    if split_chunk(K) < K:
+        tile = LARGE_M_SPLIT_TILES[2 if M > LARGE_M_SPLIT_MID_M else (0 if N <= LARGE_M_SPLIT_NARROW_N else 1)]
+        return _large_config(*tile, split_weight=True)
     best, best_time = None, float("inf")
-    split_weight = split_chunk(K) < K
-    for bm, bn, warps, stages, per_sm, speed in LARGE_M_SPLIT_TILES if split_weight else LARGE_M_TILES:
+    split_weight = False
+    for bm, bn, warps, stages, per_sm, speed in LARGE_M_TILES:
         tiles = _cdiv(M, bm) * _cdiv(N, bn)
         waves = _cdiv(tiles, num_sms * per_sm)
         sharing = min(per_sm, _cdiv(tiles, num_sms))  # programs sharing one SM
@@ -368,12 +388,14 @@ def _large_config(bm: int, bn: int, warps: int, stages: int, split_weight: bool 
                 name=f"large_{'split_' if split_weight else ''}{'flat_' if split_weight and flat else ''}m{bm}_n{bn}")
 
 
-def _small_config(bm: int, bn: int, split: str = "partial", flat=None) -> dict:
+def _small_config(bm: int, bn: int, split: str = "partial", flat=None, stages=None) -> dict:
     flat = SPLIT_FLAT if flat is None else flat
-    bytes_per_stage = bn * C.GEMM_BLOCK_K * 2
-    stages = 1 + max(1, SMALL_M_INFLIGHT_BYTES // bytes_per_stage)
-    stages = min(stages, SMALL_M_MAX_STAGES, SMALL_M_SMEM_BUDGET // ((bm + bn) * C.GEMM_BLOCK_K * 2))
-    tag = "" if split == "partial" else ("_fused_flat" if flat else "_fused")
+    explicit = stages is not None
+    if stages is None:
+        bytes_per_stage = bn * C.GEMM_BLOCK_K * 2
+        stages = 1 + max(1, SMALL_M_INFLIGHT_BYTES // bytes_per_stage)
+        stages = min(stages, SMALL_M_MAX_STAGES, SMALL_M_SMEM_BUDGET // ((bm + bn) * C.GEMM_BLOCK_K * 2))
+    tag = (f"_s{stages}" if explicit else "") + ("" if split == "partial" else ("_fused_flat" if flat else "_fused"))
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=SMALL_M_WARPS, num_stages=max(2, stages), GROUP_M=1,
                 tma=SMALL_M_TMA and USE_TMA and bm >= TMA_MIN_BLOCK_M, split=split, flat=flat,
                 name=f"small_m{bm}_n{bn}{tag}")
@@ -385,7 +407,9 @@ def all_configs() -> list[dict]:
     out += [_small_config(bm, bn, split="fused") for max_m, bm in SMALL_M_TABLE if max_m > SPLIT_PARTIAL_MAX_M
             for bn in SMALL_M_BLOCK_N]
     out += [_large_config(bm, bn, w, st) for bm, bn, w, st, _, _ in LARGE_M_TILES]
-    out += [_large_config(bm, bn, w, st, split_weight=True) for bm, bn, w, st, _, _ in LARGE_M_SPLIT_TILES]
+    out += [_small_config(bm, SPLIT_SMALL_MID[0], stages=SPLIT_SMALL_MID[1]) for max_m, bm in SMALL_M_TABLE
+            if max_m > SPLIT_SMALL_MID_M]
+    out += [_large_config(bm, bn, w, st, split_weight=True) for bm, bn, w, st in LARGE_M_SPLIT_TILES]
     return out
 
 
