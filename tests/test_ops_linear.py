@@ -165,3 +165,73 @@ def test_bad_inputs():
         ops.linear(x.t().contiguous().t(), w)
     with pytest.raises(ValueError, match="contiguous"):
         ops.linear(x, w.t().contiguous().t())
+
+
+# ------------------------------------------------------------------------------------------------
+# split-K by reduction length (contract.py GEMM section): long-K weights
+# ------------------------------------------------------------------------------------------------
+SPLIT_SHAPES = ((4160, 48), (3100, 33))  # (K, N): 3 and 2 chunks, the second with a masked K tail
+
+
+def test_split_rule_depends_on_k_only():
+    gemm = get_implementation().module("gemm")
+    assert [-(-K // gemm.split_chunk(K)) for K, _ in SPLIT_SHAPES] == [3, 2]
+    assert all(gemm.split_chunk(K) % 64 == 0 for K, _ in SPLIT_SHAPES)
+    assert gemm.split_chunk(192) >= 192              # short K: no split
+    assert gemm.split_chunk(2560) >= 2560            # Qwen3-4B qkv / gate_up / lm_head: one chain
+    assert gemm.split_chunk(4096) == 2048            # Qwen3-4B o_proj, every Qwen3-8B projection
+    assert -(-9728 // gemm.split_chunk(9728)) == 5   # Qwen3-4B down_proj
+    with pytest.raises(TypeError):                   # no N argument: N must never decide the split
+        gemm.split_chunk(2560, 9728)
+
+
+@pytest.mark.parametrize("K", (4160, 1000))
+def test_fused_weight_equals_separate_parts(K):
+    """SGLang's fused qkv / gate_up weight gives, column for column, the bits of HF's separate
+    projections (the split rule sees K only), split (K 4160) or not (K 1000), at small and large M."""
+    x, _, _ = _data(70, K, 1, torch.bfloat16, seed=K, bias=False)
+    ws = [_data(1, K, n, torch.bfloat16, seed=K + n, bias=False)[1] for n in (40, 17, 17)]
+    fused = torch.cat(ws)
+    for M in (3, 70):                                   # workspace path and register path
+        _assert_bits(ops.linear(x[:M], fused), torch.cat([ops.linear(x[:M], w) for w in ws], 1), f"K={K} M={M}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K,N", SPLIT_SHAPES)
+def test_split_rows_invariant_to_batch(dtype, K, N):
+    """Rows alone (partial + ordered reduce) == rows inside large-M calls (chunk sums in registers)."""
+    x, w, b = _data(131, K, N, dtype, seed=K + N)
+    full = ops.linear(x, w, b)                          # M = 131: the fused (register) path
+    g = torch.Generator().manual_seed(2)
+    for M in (1, 5, 64, 65, 100):                       # <= 64: workspace path; > 64: fused
+        idx = torch.randperm(131, generator=g)[:M]
+        _assert_bits(ops.linear(x[idx].contiguous(), w, b), full[idx], f"M={M}")
+    for i in (0, 77, 130):
+        _assert_bits(ops.linear(x[i:i + 1], w, b), full[i:i + 1], f"row {i} alone")
+
+
+def test_split_every_config_and_path_same_bits():
+    gemm = get_implementation().module("gemm")
+    K, N = SPLIT_SHAPES[0]
+    for bias in (False, True):
+        x, w, b = _data(70, K, N, torch.bfloat16, seed=5, bias=bias)
+        ref = gemm.linear(x, w, b)
+        for cfg in gemm.all_configs():
+            for split, flat in (("partial", False), ("fused", False), ("fused", True)):
+                got = gemm.linear(x, w, b, config={**cfg, "split": split, "flat": flat})
+                _assert_bits(got, ref, f"{cfg['name']} {split} flat={flat} bias={bias}")
+
+
+def test_split_differs_from_one_chain_and_is_accurate(monkeypatch):
+    """The split is in effect (some bits differ from one unsplit chain) and stays accurate vs fp64."""
+    gemm = get_implementation().module("gemm")
+    K, N = SPLIT_SHAPES[0]
+    x, w, b = _data(64, K, N, torch.float16, seed=9)
+    y = ops.linear(x, w, b)
+    ref = x.double() @ w.double().T + b.double()
+    atol, rtol = TOL[torch.float16]
+    assert ((y.double() - ref).abs() <= atol + rtol * ref.abs()).all()
+    monkeypatch.setattr(gemm, "split_chunk", lambda k: k)  # one chain over all of K
+    one = ops.linear(x, w, b)
+    assert ((one.double() - ref).abs() <= atol + rtol * ref.abs()).all()
+    assert not torch.equal(_bits(y), _bits(one))

@@ -85,6 +85,17 @@ def _check_rows_vs_m1(rec, tag, N, K, has_bias, Ms, dtype=torch.bfloat16):
     rec.bitwise(f"strided_x[{tag}]", linear(wide[:, 32:32 + K], w, b), linear(x[:64], w, b))
 
 
+def _check_fused_vs_separate(rec, tag, parts, K, Ms=(1, 8, 64, 65, 1024, 4096)):
+    """A fused projection (SGLang's qkv_proj / gate_up_proj) == its parts run separately (HF's q/k/v,
+    gate/up), column for column: the split rule and every row's chain depend on K only."""
+    x, _, _ = _data(max(Ms), 1, K, seed=K)
+    ws = [_data(1, n, K, seed=K + n + i)[1] for i, n in enumerate(parts)]
+    fused = torch.cat(ws)
+    for M in Ms:
+        rec.bitwise(f"fused_vs_separate[{tag}/M={M}]", linear(x[:M], fused),
+                    torch.cat([linear(x[:M], w) for w in ws], dim=1), split=_gemm().split_chunk(K) < K)
+
+
 def _check_zero_rows(rec):
     """All-zero input rows against all-negative weights (every product -0.0): +0.0 on every path."""
     N, K = 5120, 2048
@@ -103,10 +114,17 @@ def _check_all_configs(rec, tag, N, K, has_bias, M=300):
     gemm = _gemm()
     x, w, b = _data(M, N, K, torch.bfloat16, has_bias, seed=1)
     ref = gemm.linear(x, w, b)
+    split = gemm.split_chunk(K) < K
     for cfg in gemm.all_configs():
         rec.bitwise(f"config[{tag}/{cfg['name']}]", gemm.linear(x, w, b, config=cfg), ref)
         if cfg["tma"]:
             rec.bitwise(f"config[{tag}/{cfg['name']}/no_tma]", gemm.linear(x, w, b, config=dict(cfg, tma=False)), ref)
+        if split:  # a split weight: the other path (workspace + ordered reduce vs registers) too
+            other = "fused" if cfg.get("split") == "partial" else "partial"
+            rec.bitwise(f"config[{tag}/{cfg['name']}/{other}]", gemm.linear(x, w, b, config=dict(cfg, split=other)), ref)
+            flat = not cfg.get("flat", False)  # the fused path's other loop form (one flat loop / one per chunk)
+            rec.bitwise(f"config[{tag}/{cfg['name']}/fused_flat={flat}]",
+                        gemm.linear(x, w, b, config=dict(cfg, split="fused", flat=flat)), ref)
     # one row alone through each small-M config == the default big-M result
     for cfg in gemm.all_configs():
         if cfg["name"].startswith("small"):
@@ -124,8 +142,7 @@ def _check_config_coverage(rec):
 
 
 def _check_graph(rec):
-    N, K = 5120, 2048
-    for M in (1, 8, 64, 1024):
+    for (N, K), M in [((5120, 2048), m) for m in (1, 8, 64, 1024)] + [((2560, 9728), m) for m in (1, 64, 300)]:
         x, w, _ = _data(M, N, K, seed=M)
         out = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
         gemm = _gemm()
@@ -145,7 +162,7 @@ def _check_graph(rec):
             x.copy_(torch.randn_like(x))
             g.replay()
             torch.cuda.synchronize()
-            rec.bitwise(f"graph_replay_vs_eager[M={M}/{it}]", out.clone(), linear(x, w))
+            rec.bitwise(f"graph_replay_vs_eager[N={N}/K={K}/M={M}/{it}]", out.clone(), linear(x, w))
         # the public op captured too (allocates inside the graph)
         g2 = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g2):
@@ -153,7 +170,7 @@ def _check_graph(rec):
         x.copy_(torch.randn_like(x))
         g2.replay()
         torch.cuda.synchronize()
-        rec.bitwise(f"graph_op_vs_eager[M={M}]", y_static.clone(), linear(x, w))
+        rec.bitwise(f"graph_op_vs_eager[N={N}/K={K}/M={M}]", y_static.clone(), linear(x, w))
 
 
 def _check_accuracy(rec, quick, shapes=None, Ms=None):
@@ -197,10 +214,11 @@ def run_checks(rec, quick: bool = False) -> None:
         ("qwen3-4b/gate_up", SHAPES[("qwen3-4b", "gate_up")], CHECK_M[:-2]),
         ("qwen3-4b/lm_head", SHAPES[("qwen3-4b", "lm_head")], CHECK_M[:4]),
         ("qwen3-30b-a3b/router", SHAPES[("qwen3-30b-a3b", "router")], CHECK_M),
+        ("qwen3-4b/o(split)", SHAPES[("qwen3-4b", "o")], CHECK_M[:-1]),
         ("odd/333x1000+bias", (333, 1000, True), (8, 64, 256, 1024, 4096)),
     ]
-    if quick:
-        cases = [cases[0], cases[1], cases[-1]]
+    if quick:  # one split weight (1.5b down: 5 chunks, K tail-free) stays in the quick grid
+        cases = [cases[0], cases[1], cases[2], cases[-1]]
     for tag, (N, K, hb), Ms in cases:
         rec.run(f"rows_vs_m1[{tag}]", _check_rows_vs_m1, rec, tag, N, K, hb, Ms)
     rec.run("rows_vs_m1[fp16]", _check_rows_vs_m1, rec, "fp16/4b-qkv", *SHAPES[("qwen3-4b", "qkv")],
@@ -208,8 +226,15 @@ def run_checks(rec, quick: bool = False) -> None:
     # the three kernel specializations (no bias / bias / bias + K tail) of every configuration
     for tag, (N, K, hb) in (("30b-qkv", SHAPES[("qwen3-30b-a3b", "qkv")]),
                             ("1.5b-qkv+bias", SHAPES[("qwen2.5-1.5b", "qkv")]),
-                            ("odd+bias", (333, 1000, True))):
+                            ("odd+bias", (333, 1000, True)),
+                            ("4b-o(split)", SHAPES[("qwen3-4b", "o")]),
+                            ("odd-split+bias", (333, 3100, True))):
         rec.run(f"all_configs[{tag}]", _check_all_configs, rec, tag, N, K, hb)
+    # fused vs separate projections (Qwen3-8B: K 4096 is split; Qwen3-4B: K 2560 is not)
+    rec.run("fused_vs_separate[8b-qkv]", _check_fused_vs_separate, rec, "8b-qkv", (4096, 1024, 1024), 4096)
+    rec.run("fused_vs_separate[8b-gate_up]", _check_fused_vs_separate, rec, "8b-gate_up", (12288, 12288), 4096,
+            (1, 64, 1024))
+    rec.run("fused_vs_separate[4b-qkv]", _check_fused_vs_separate, rec, "4b-qkv", (4096, 1024, 1024), 2560)
     rec.run("zero_rows", _check_zero_rows, rec)
     rec.run("cuda_graph", _check_graph, rec)
     rec.run("accuracy", _check_accuracy, rec, quick)

@@ -68,6 +68,33 @@ def configs(M: int) -> list[dict]:
     return out
 
 
+# --split: for a split weight (K >= GEMM_SPLIT_MIN_K) the paths and loop forms of the split: small M
+# partial (workspace + ordered reduce) vs fused (two accumulators per program, one loop per chunk or
+# one flat loop); large M the fused path on these tiles, both loop forms
+SPLIT_SMALL_BN = (32, 64, 128)
+SPLIT_SMALL_STAGES = (4, 8)
+SPLIT_LARGE = ((128, 128, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4),
+               (64, 128, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (64, 256, 4, 3))
+
+
+def split_configs(M: int) -> list[dict]:
+    out = []
+    if M <= 64:
+        bm = _small_bm(M)
+        for bn, st in itertools.product(SPLIT_SMALL_BN if M > 16 else (16, 32), SPLIT_SMALL_STAGES):
+            for split, flat in (("partial", False), ("fused", False), ("fused", True)):
+                if split == "fused" and M <= 16:
+                    continue
+                out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=st, GROUP_M=1, tma=False,
+                                split=split, flat=flat,
+                                name=f"s_m{bm}_n{bn}_s{st}_{split}{'_flat' if flat else ''}"))
+    else:
+        for (bm, bn, w, st), flat in itertools.product(SPLIT_LARGE, (False, True)):
+            out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, GROUP_M=8, tma=True,
+                            split="fused", flat=flat, name=f"l_m{bm}_n{bn}_w{w}_s{st}{'_flat' if flat else ''}"))
+    return out
+
+
 def _graph_us(fns) -> float:
     from areal_tik_plugin import bench
 
@@ -84,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--small-m", default=",".join(map(str, SMALL_M)))
     ap.add_argument("--large-m", default=",".join(map(str, LARGE_M)))
     ap.add_argument("--shapes", default="", help="comma list of model:layer (default: all)")
+    ap.add_argument("--split", action="store_true",
+                    help="on split weights sweep the split paths / loop forms (split_configs) instead of configs")
     args = ap.parse_args(argv)
     from areal_tik_plugin.loader import get_implementation
 
@@ -104,7 +133,8 @@ def main(argv=None) -> int:
             row = {"model": model, "layer": layer, "N": N, "K": K, "M": M, "current": cur["name"],
                    "current_us": _graph_us([lambda w=w: gemm.linear(x, w, config=cur) for w in ws]),
                    "cublas_us": _graph_us([lambda w=w: F.linear(x, w) for w in ws]), "configs": {}, "mismatch": []}
-            for cfg in configs(M):
+            split_weight = gemm.split_chunk(K) < K
+            for cfg in (split_configs(M) if args.split and split_weight else configs(M)):
                 try:
                     y = gemm.linear(x, ws[0], config=cfg)
                     torch.cuda.synchronize()

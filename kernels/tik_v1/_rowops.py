@@ -30,8 +30,23 @@ import triton
 import triton.language as tl
 
 
+# Triton picks the interpreter when a @triton.jit function is defined, i.e. when this implementation
+# is imported (the loader sets TRITON_INTERPRET first on a machine without a GPU): read it once.
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _INTERPRETING
+
+
+# Host-side integer helpers. triton.cdiv / triton.next_power_of_2 are constexpr_functions in
+# Triton 3.6 and cost ~6 us per host call (argument unwrapping); launchers call these instead.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def launch_opts(num_warps: int, num_stages: int = 1) -> dict:

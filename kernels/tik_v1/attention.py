@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._rowops import cdiv as _cdiv, interpreting as _rowops_interpreting, next_pow2 as _next_pow2
+
 from . import contract as C
 
 LOG2E = 1.4426950408889634
@@ -56,9 +58,7 @@ KNOBS = {
 }
 
 def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _rowops_interpreting()
 
 
 def _launch_opts(num_warps, num_stages):
@@ -470,7 +470,7 @@ def _fwd(q, k, v, o, lse, ws, cu_q, pos0, kv_base, table, tstride, rows, max_q, 
     Hkv = k.shape[1]
     B = cu_q.numel() - 1
     bm = cfg["block_m"]
-    grid = (triton.cdiv(max(int(max_q), 1), bm), B, Hq)
+    grid = (_cdiv(max(int(max_q), 1), bm), B, Hq)
     _attn_fwd_kernel[grid](
         q, k, v, o, lse, ws, cu_q, pos0, kv_base, table, tstride, rows,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -539,8 +539,8 @@ def decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale,
     dense = kv_indices is None
     Hkv = k_cache.shape[2] if dense else k_cache.shape[1]
     group = Hq // Hkv
-    block_h = max(16, triton.next_power_of_2(group))
-    max_splits = max(1, triton.cdiv(int(max_context_len), split))
+    block_h = max(16, _next_pow2(group))
+    max_splits = max(1, _cdiv(int(max_context_len), split))
     o = torch.empty_like(q) if out is None else out
     ws_acc, ws_ml = _decode_ws(q, B, Hq, max_splits, D)
     if dense:
@@ -577,12 +577,12 @@ def prefill_backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, softmax_scale)
     do = do.contiguous()
     blk = BWD_BLOCK["cpu" if _interpreting() else "gpu"]
     delta = torch.empty((Hq, T), device=q.device, dtype=torch.float32)
-    _bwd_preprocess[(triton.cdiv(T, 64), Hq)](o, do, delta, o.stride(0), o.stride(1), T, Hq, D=D, BLOCK=64)
+    _bwd_preprocess[(_cdiv(T, 64), Hq)](o, do, delta, o.stride(0), o.stride(1), T, Hq, D=D, BLOCK=64)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     qk_scale = softmax_scale * LOG2E
-    nb = triton.cdiv(max(int(max_seqlen), 1), blk)
+    nb = _cdiv(max(int(max_seqlen), 1), blk)
     opts = _launch_opts(BWD_WARPS, 2)
     if "enable_fp_fusion" in opts:
         opts.pop("enable_fp_fusion")

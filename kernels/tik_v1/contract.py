@@ -42,13 +42,23 @@ KV_WRITE_EXACT = True
 
 
 # --- GEMM ------------------------------------------------------------------------------------
-# The K reduction is chunked in GEMM_BLOCK_K columns, accumulated in fp32 in increasing K order,
-# never split across programs (no split-K) for any M.
+# The K reduction is chunked in GEMM_BLOCK_K columns, accumulated in fp32 in increasing K order.
 GEMM_BLOCK_K = 64
-# A row is one chain `acc = tl.dot(x_chunk, w_chunk^T, acc)` over those chunks; then acc + 0.0
+# Split-K with partials that do not depend on M: the split is a function of the reduction length K
+# only (gemm.split_chunk), never of M, of N or of the device. Not of N because the two sides hold the
+# same weights in different shapes: SGLang runs fused qkv_proj / gate_up_proj (and column-parallel
+# shards of them) where HF runs q/k/v and gate/up separately -- only K is the same everywhere.
+# A weight with K < GEMM_SPLIT_MIN_K is one chain; otherwise K is cut into n = ceil(K /
+# GEMM_SPLIT_CHUNK_MAX) chunks of ceil(K / n / GEMM_BLOCK_K) * GEMM_BLOCK_K columns (the last one
+# shorter). Qwen3-4B: o_proj (K 4096) 2 x 2048, down_proj (K 9728) 5 x 1984; K 2560 not split.
+GEMM_SPLIT_MIN_K = 3072
+GEMM_SPLIT_CHUNK_MAX = 2048
+# A row is, per chunk c, one chain `part_c = tl.dot(x_chunk, w_chunk^T, part_c)` over its
+# GEMM_BLOCK_K pieces from zero; without a split that chain is the row: acc = part_0; with a split
+# acc = ((0 + part_0) + part_1) + ... in fp32, in chunk order (in registers for large M, through an
+# fp32 workspace and an ordered reduction for small M: the same additions). Then acc + 0.0
 # (signed-zero canonicalization); bias (if any) added in fp32; one rounding to the activation dtype.
-# Tile shape, warps, stages, TMA vs pointer loads are free (gemm.config_for: a per-M table);
-# split-K is never used.
+# Tile shape, warps, stages, TMA vs pointer loads, registers vs workspace are free (gemm.config_for).
 
 # --- MoE (Qwen3-MoE) ---------------------------------------------------------------------------
 # Routing: p = softmax(float32(logits)) per row, computed by programs of MOE_ROUTE_BLOCK_T rows and
@@ -57,7 +67,7 @@ GEMM_BLOCK_K = 64
 # norm_topk_prob: w_j = div_rn(p_j, ((p_0 + p_1) + ...) + p_{k-1}) (slot order).
 MOE_ROUTE_BLOCK_T = 16
 MOE_ROUTE_WARPS = 4
-# Experts: gate/up/down rows are the GEMM chain above (GEMM_BLOCK_K chunks, no split-K) on rows
+# Experts: gate/up/down rows are one GEMM chain (GEMM_BLOCK_K chunks, never split) on rows
 # gathered per expert; g, u rounded to the activation dtype; act = dtype(silu(g) * u) in fp32 with
 # silu(g) = div_rn(g, 1 + exp(-g)); expert output y_j rounded to the activation dtype; combine
 # out = dtype(sum_j w_j * float32(y_j)) accumulated in slot order j = 0..k-1 (contraction off).

@@ -2,37 +2,44 @@
 
 Token invariance (see ``contract.py``): every output row is
 
-    acc = 0 (fp32)
-    for k0 in 0, GEMM_BLOCK_K, 2*GEMM_BLOCK_K, ...:      # increasing K, never split across programs
-        acc = tl.dot(x[row, k0:k0+BK], W[:, k0:k0+BK]^T, acc)
+    for each K chunk c of split_chunk(K) columns (one chunk = all of K for most weights):
+        part_c = 0 (fp32)
+        for k0 in the chunk, GEMM_BLOCK_K at a time, increasing:   # never split across programs
+            part_c = tl.dot(x[row, k0:k0+BK], W[:, k0:k0+BK]^T, part_c)
+    acc = part_0                       (one chunk)      or   ((0 + part_0) + part_1) + ...  (split)
     acc = acc + 0.0                                      # -0.0 -> +0.0 (see _bias_epilogue)
     acc = acc + float32(bias)                            # only when a bias is given
     y[row] = acc.to(x.dtype)
 
-The K loop is one chain of tensor-core MMAs into one fp32 accumulator per output element, in
-increasing K order, on every path. Measured on H200 (Triton 3.6, DESIGN.md): that chain gives the
-same bits for any BLOCK_M / BLOCK_N, any num_warps / num_stages, wgmma or mma.sync, TMA or pointer
-loads. So the tile configuration is a *free knob* chosen per problem shape (small tiles and deep
-pipelines for decode-sized M, big swizzled tiles for prefill/training), while ``GEMM_BLOCK_K`` and
-the absence of split-K are the coupled contract. On the CPU interpreter a ``tl.dot`` of one K chunk
-is computed exactly (see ``areal_tik_plugin._interp``), so the bits there depend only on
-GEMM_BLOCK_K as well.
+Each chunk is one chain of tensor-core MMAs into one fp32 accumulator, in increasing K order, on
+every path. Measured on H200 (Triton 3.6, DESIGN.md): that chain gives the same bits for any
+BLOCK_M / BLOCK_N, any num_warps / num_stages, wgmma or mma.sync, TMA or pointer loads. The split is a
+function of K only, never of M or N: long-K weights (O / down projections) get enough programs at
+decode-sized M without changing any row's arithmetic between M = 1 and M = 65536, and a fused
+qkv / gate_up weight splits exactly as its separate parts do. Small M computes the chunk partials in separate programs into an fp32 workspace and
+adds them in chunk order in a second kernel; large M keeps a second accumulator in registers and
+adds each finished chunk in the same order: the same fp32 additions. So the tile configuration is
+a *free knob* chosen per problem shape, while ``GEMM_BLOCK_K`` and the split rule are the coupled
+contract. On the CPU interpreter a ``tl.dot`` of one K chunk is computed exactly (see
+``areal_tik_plugin._interp``), so the bits there depend only on the contract as well.
 
-Two kernels with the same arithmetic:
+Kernels (the same arithmetic):
 * ``_linear_ptr_kernel``: pointer loads (cp.async pipeline on sm_80/90), any 16-bit-aligned strides;
 * ``_linear_tma_kernel``: TMA descriptors (sm_90), used when base pointers and row strides are
-  16-byte aligned.
+  16-byte aligned;
+* ``_linear_partial_kernel`` + ``_linear_reduce_kernel``: the small-M split path.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from . import contract as C
+from ._rowops import cdiv as _cdiv, interpreting as _rowops_interpreting, next_pow2 as _next_pow2
 
 # ------------------------------------------------------------------------------------------------
 # Free knobs (bits do not depend on any of these; the search may move them freely).
@@ -46,7 +53,7 @@ from . import contract as C
 SMALL_M_TABLE = ((16, 16), (32, 32), (64, 64))      # (max_M, BLOCK_M)
 SMALL_M_BLOCK_N = (32, 16)                          # largest giving >= SMALL_M_MIN_PROGRAMS_PER_SM
 SMALL_M_MIN_PROGRAMS_PER_SM = 0.6
-SMALL_M_INFLIGHT_BYTES = 32 * 1024
+SMALL_M_INFLIGHT_BYTES = 32768
 SMALL_M_MAX_STAGES = 12
 SMALL_M_WARPS = 4
 SMALL_M_TMA = False                                 # pointer loads measured ~3% faster at BLOCK_M 64
@@ -60,6 +67,30 @@ LARGE_M_TILES = (
     (128, 128, 4, 4, 1, 1.00),
     (64, 256, 4, 4, 1, 0.98),
 )
+# Large M on a split weight (split_chunk < K) keeps two fp32 accumulators (chunk partial + running
+# sum). Chosen by M and N, not by the wave model (H200 sweep, session 12: `gemm_sweep --split` on
+# Qwen3-4B o/down and Qwen3-8B down, M 1024 / 4096): up to LARGE_M_SPLIT_MID_M rows, 64x128 on one
+# warpgroup with 3 stages for N <= LARGE_M_SPLIT_NARROW_N (4B o/down M=1024: 36 / 89 us vs 44 / 101 us
+# for 128x128) and 128x128 on one warpgroup with 3 stages above it (8B down M=1024: 138 us); beyond
+# it 128x128 on two warpgroups with 4 stages (M=4096: 0.81-0.84x cuBLAS; the same tile with 3 stages
+# was 25-40% slower, the previous choice).
+LARGE_M_SPLIT_TILES = (
+    (64, 128, 4, 3),       # M <= LARGE_M_SPLIT_MID_M, N <= LARGE_M_SPLIT_NARROW_N
+    (128, 128, 4, 3),      # M <= LARGE_M_SPLIT_MID_M, wider N
+    (128, 128, 8, 4),      # larger M
+)
+LARGE_M_SPLIT_MID_M = 2048
+LARGE_M_SPLIT_NARROW_N = 3072
+# Small M on a split weight, M > SPLIT_SMALL_MID_M: chunk partials with BLOCK_N 64, 4 stages (M=64:
+# 4B down 21.6 / 8B down 35.6 us vs 27.9 / 43.6 us with the unsplit rule's BLOCK_N 32 / 9 stages).
+SPLIT_SMALL_MID_M = 16
+SPLIT_SMALL_MID = (64, 4)  # (BLOCK_N, num_stages)
+# Split weight, M <= SPLIT_PARTIAL_MAX_M: chunk partials in separate programs (tiles x chunks) + an
+# ordered reduction kernel; larger M: both accumulators in one program ("fused"), whose program count
+# equals the unsplit kernel's. SPLIT_FLAT: the fused path runs one pipelined K loop and adds the
+# finished chunk at each chunk boundary (else one loop per chunk). Same arithmetic on every path.
+SPLIT_PARTIAL_MAX_M = 64
+SPLIT_FLAT = True          # sweep: flat within 2% of one-loop-per-chunk or faster on every large-M tile
 GROUP_M = 8              # grouped (swizzled) tile order for L2 reuse
 USE_TMA = True           # TMA descriptor loads/stores for BLOCK_M >= TMA_MIN_BLOCK_M when aligned
 TMA_MIN_BLOCK_M = 64
@@ -77,6 +108,13 @@ KNOBS = {
         "SMALL_M_WARPS": (2, 4),
         "SMALL_M_TMA": (False, True),
         "LARGE_M_TILES": LARGE_M_TILES,
+        "LARGE_M_SPLIT_TILES": LARGE_M_SPLIT_TILES,
+        "LARGE_M_SPLIT_MID_M": (1024, 2048, 4096),
+        "LARGE_M_SPLIT_NARROW_N": (0, 3072, 8192),
+        "SPLIT_SMALL_MID_M": (16, 32, 64),
+        "SPLIT_SMALL_MID": ((32, 8), (64, 4), (128, 4), (128, 8)),
+        "SPLIT_PARTIAL_MAX_M": (1, 16, 32, 64),
+        "SPLIT_FLAT": (False, True),
         "GROUP_M": (1, 4, 8, 16),
         "USE_TMA": (False, True),
     },
@@ -84,7 +122,7 @@ KNOBS = {
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _rowops_interpreting()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -118,11 +156,30 @@ def _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS: tl.constexpr):
     return acc
 
 
+@triton.jit
+def _chunk_chain_ptr(x_row, w_row, m_ok, offs_k, k_lo, k_hi, K,
+                     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One chunk's chain from zero: part = dot(x[:, k_lo:k_hi], w[:, k_lo:k_hi]^T), BLOCK_K at a time."""
+    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + offs_k
+        if EVEN_K:
+            a = tl.load(x_row + kk[None, :], mask=m_ok, other=0.0)
+            b = tl.load(w_row + kk[None, :])
+        else:
+            kmask = kk[None, :] < K
+            a = tl.load(x_row + kk[None, :], mask=m_ok & kmask, other=0.0)
+            b = tl.load(w_row + kk[None, :], mask=kmask, other=0.0)
+        part = tl.dot(a, tl.trans(b), part)
+    return part
+
+
 @triton.jit(do_not_specialize=["M"])
 def _linear_ptr_kernel(
     X, W, Bias, Y, M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1, SPLIT_FLAT: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
@@ -133,20 +190,50 @@ def _linear_ptr_kernel(
     # past N re-read row 0 (results discarded). Masks never change the values of valid rows.
     m_ok = offs_m[:, None] < M
     rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
-    x_ptrs = X + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
-    w_ptrs = W + rn[:, None] * stride_wn + offs_k[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(x_ptrs, mask=m_ok, other=0.0)
-            b = tl.load(w_ptrs)
-        else:
-            kmask = offs_k[None, :] < K - k0
-            a = tl.load(x_ptrs, mask=m_ok & kmask, other=0.0)
-            b = tl.load(w_ptrs, mask=kmask, other=0.0)
-        acc = tl.dot(a, tl.trans(b), acc)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+    if N_CHUNKS == 1:
+        x_ptrs = X + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+        w_ptrs = W + rn[:, None] * stride_wn + offs_k[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(x_ptrs, mask=m_ok, other=0.0)
+                b = tl.load(w_ptrs)
+            else:
+                kmask = offs_k[None, :] < K - k0
+                a = tl.load(x_ptrs, mask=m_ok & kmask, other=0.0)
+                b = tl.load(w_ptrs, mask=kmask, other=0.0)
+            acc = tl.dot(a, tl.trans(b), acc)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+    elif SPLIT_FLAT:  # split weight: one pipelined K loop, the finished chunk added at each boundary
+        x_ptrs = X + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+        w_ptrs = W + rn[:, None] * stride_wn + offs_k[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_tiles = tl.cdiv(K, BLOCK_K)
+        for ki in range(0, k_tiles):
+            if EVEN_K:
+                a = tl.load(x_ptrs, mask=m_ok, other=0.0)
+                b = tl.load(w_ptrs)
+            else:
+                kmask = offs_k[None, :] < K - ki * BLOCK_K
+                a = tl.load(x_ptrs, mask=m_ok & kmask, other=0.0)
+                b = tl.load(w_ptrs, mask=kmask, other=0.0)
+            part = tl.dot(a, tl.trans(b), part)
+            if ((ki + 1) % (CHUNK_K // BLOCK_K) == 0) | (ki == k_tiles - 1):
+                acc = acc + part
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+    else:  # split weight, large M: finished chunk partials added in chunk order, in registers
+        x_row = X + offs_m.to(tl.int64)[:, None] * stride_xm
+        w_row = W + rn[:, None] * stride_wn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for c in range(N_CHUNKS):
+            k_lo = c * CHUNK_K
+            k_hi = tl.minimum(k_lo + CHUNK_K, K)
+            acc = acc + _chunk_chain_ptr(x_row, w_row, m_ok, offs_k, k_lo, k_hi, K,
+                                         EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS)
     y_ptrs = Y + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
     tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
@@ -157,19 +244,82 @@ def _linear_tma_kernel(
     x_desc, w_desc, y_desc, Bias, M, N, K,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1, SPLIT_FLAT: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):  # out-of-bounds K columns are zero-filled by TMA
-        a = x_desc.load([off_m, k0])
-        b = w_desc.load([off_n, k0])
-        acc = tl.dot(a, b.T, acc)
+    if N_CHUNKS == 1:
+        for k0 in range(0, K, BLOCK_K):  # out-of-bounds K columns are zero-filled by TMA
+            a = x_desc.load([off_m, k0])
+            b = w_desc.load([off_n, k0])
+            acc = tl.dot(a, b.T, acc)
+    elif SPLIT_FLAT:  # split weight (see _linear_ptr_kernel)
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_tiles = tl.cdiv(K, BLOCK_K)
+        for ki in range(0, k_tiles):
+            a = x_desc.load([off_m, ki * BLOCK_K])
+            b = w_desc.load([off_n, ki * BLOCK_K])
+            part = tl.dot(a, b.T, part)
+            if ((ki + 1) % (CHUNK_K // BLOCK_K) == 0) | (ki == k_tiles - 1):
+                acc = acc + part
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:  # split weight, large M (see _linear_ptr_kernel)
+        for c in range(N_CHUNKS):
+            k_lo = c * CHUNK_K
+            k_hi = tl.minimum(k_lo + CHUNK_K, K)
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k0 in range(k_lo, k_hi, BLOCK_K):
+                a = x_desc.load([off_m, k0])
+                b = w_desc.load([off_n, k0])
+                part = tl.dot(a, b.T, part)
+            acc = acc + part
     offs_n = off_n + tl.arange(0, BLOCK_N)
     acc = _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS)
     y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_partial_kernel(
+    X, W, P, M, N, K, stride_xm, stride_wn,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr, CHUNK_K: tl.constexpr,
+):
+    """Split weight, small M: program (tile, c) writes chunk c's partial to P[c, M, N] (fp32)."""
+    pid = tl.program_id(0)
+    c = tl.program_id(1)
+    pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m[:, None] < M
+    rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    k_lo = c * CHUNK_K
+    k_hi = tl.minimum(k_lo + CHUNK_K, K)
+    part = _chunk_chain_ptr(X + offs_m.to(tl.int64)[:, None] * stride_xm, W + rn[:, None] * stride_wn, m_ok,
+                            offs_k, k_lo, k_hi, K, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    p_ptrs = P + (c.to(tl.int64) * M + offs_m.to(tl.int64)[:, None]) * N + offs_n[None, :]
+    tl.store(p_ptrs, part, mask=m_ok & (offs_n[None, :] < N))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_reduce_kernel(P, Bias, Y, M, N, stride_ym, HAS_BIAS: tl.constexpr, N_CHUNKS: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """acc = ((0 + P[0]) + P[1]) + ... in chunk order, then the epilogue: the large-M arithmetic."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < M * N
+    m = offs // N
+    n = offs % N
+    mn = M.to(tl.int64) * N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for c in range(N_CHUNKS):
+        acc = acc + tl.load(P + c * mn + offs, mask=ok, other=0.0)
+    acc = acc + 0.0
+    if HAS_BIAS:
+        acc = acc + tl.load(Bias + n, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Y + m * stride_ym + n, acc.to(Y.dtype.element_ty), mask=ok)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -191,48 +341,95 @@ def config_for(M: int, N: int, K: int, num_sms: int = 132, cpu: bool = False) ->
     """Tile configuration for an [M, K] x [N, K]^T problem (a free knob: any result keeps the bits).
 
     Returns a dict with BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M, tma (bool), name.
+    Memoized per shape (host overhead): a fresh dict each call.
     """
+    return dict(_config_for(M, N, K, num_sms, cpu))
+
+
+@functools.lru_cache(maxsize=4096)
+def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
     if cpu:
-        bm = min(CPU_BLOCK[0], max(16, triton.next_power_of_2(max(M, 1))))
-        bn = min(CPU_BLOCK[1], max(16, triton.next_power_of_2(max(N, 1))))
+        bm = min(CPU_BLOCK[0], max(16, _next_pow2(max(M, 1))))
+        bn = min(CPU_BLOCK[1], max(16, _next_pow2(max(N, 1))))
+        split = "partial" if M <= SMALL_M_TABLE[-1][0] else "fused"
         return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1, GROUP_M=GROUP_M, tma=False,
-                    name=f"cpu_m{bm}_n{bn}")
+                    split=split, name=f"cpu_m{bm}_n{bn}_{split}")
     if M <= SMALL_M_TABLE[-1][0]:
         bm = next(b for max_m, b in SMALL_M_TABLE if M <= max_m)
         bn = SMALL_M_BLOCK_N[-1]
+        partial = M <= SPLIT_PARTIAL_MAX_M
+        if partial and M > SPLIT_SMALL_MID_M and split_chunk(K) < K:
+            return _small_config(bm, SPLIT_SMALL_MID[0], split="partial", stages=SPLIT_SMALL_MID[1])
+        chunks = _cdiv(K, split_chunk(K)) if partial else 1  # the partial path runs tiles x chunks programs
         for cand in SMALL_M_BLOCK_N:
-            if triton.cdiv(N, cand) >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
+            if _cdiv(N, cand) * chunks >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
                 bn = cand
                 break
-        return _small_config(bm, bn)
+        return _small_config(bm, bn, split="partial" if partial else "fused")
+    if split_chunk(K) < K:
+        tile = LARGE_M_SPLIT_TILES[2 if M > LARGE_M_SPLIT_MID_M else (0 if N <= LARGE_M_SPLIT_NARROW_N else 1)]
+        return _large_config(*tile, split_weight=True)
     best, best_time = None, float("inf")
+    split_weight = False
     for bm, bn, warps, stages, per_sm, speed in LARGE_M_TILES:
-        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-        waves = triton.cdiv(tiles, num_sms * per_sm)
-        sharing = min(per_sm, triton.cdiv(tiles, num_sms))  # programs sharing one SM
+        tiles = _cdiv(M, bm) * _cdiv(N, bn)
+        waves = _cdiv(tiles, num_sms * per_sm)
+        sharing = min(per_sm, _cdiv(tiles, num_sms))  # programs sharing one SM
         est = waves * bm * bn * sharing / speed             # relative time model
         if est < best_time * (1 - 1e-9):
             best, best_time = (bm, bn, warps, stages), est
-    bm, bn, warps, stages = best
+    return _large_config(*best, split_weight=split_weight)
+
+
+def _large_config(bm: int, bn: int, warps: int, stages: int, split_weight: bool = False, flat=None) -> dict:
+    flat = SPLIT_FLAT if flat is None else flat
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=GROUP_M,
-                tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"large_m{bm}_n{bn}")
+                tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, split="fused", split_weight=split_weight, flat=flat,
+                name=f"large_{'split_' if split_weight else ''}{'flat_' if split_weight and flat else ''}m{bm}_n{bn}")
 
 
-def _small_config(bm: int, bn: int) -> dict:
-    bytes_per_stage = bn * C.GEMM_BLOCK_K * 2
-    stages = 1 + max(1, SMALL_M_INFLIGHT_BYTES // bytes_per_stage)
-    stages = min(stages, SMALL_M_MAX_STAGES, SMALL_M_SMEM_BUDGET // ((bm + bn) * C.GEMM_BLOCK_K * 2))
+def _small_config(bm: int, bn: int, split: str = "partial", flat=None, stages=None) -> dict:
+    flat = SPLIT_FLAT if flat is None else flat
+    explicit = stages is not None
+    if stages is None:
+        bytes_per_stage = bn * C.GEMM_BLOCK_K * 2
+        stages = 1 + max(1, SMALL_M_INFLIGHT_BYTES // bytes_per_stage)
+        stages = min(stages, SMALL_M_MAX_STAGES, SMALL_M_SMEM_BUDGET // ((bm + bn) * C.GEMM_BLOCK_K * 2))
+    tag = (f"_s{stages}" if explicit else "") + ("" if split == "partial" else ("_fused_flat" if flat else "_fused"))
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=SMALL_M_WARPS, num_stages=max(2, stages), GROUP_M=1,
-                tma=SMALL_M_TMA and USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"small_m{bm}_n{bn}")
+                tma=SMALL_M_TMA and USE_TMA and bm >= TMA_MIN_BLOCK_M, split=split, flat=flat,
+                name=f"small_m{bm}_n{bn}{tag}")
 
 
 def all_configs() -> list[dict]:
     """Every GPU configuration :func:`config_for` can return (for contract checks of free knobs)."""
     out = [_small_config(bm, bn) for _, bm in SMALL_M_TABLE for bn in SMALL_M_BLOCK_N]
-    for bm, bn, warps, stages, _, _ in LARGE_M_TILES:
-        out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=GROUP_M,
-                        tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, name=f"large_m{bm}_n{bn}"))
+    out += [_small_config(bm, bn, split="fused") for max_m, bm in SMALL_M_TABLE if max_m > SPLIT_PARTIAL_MAX_M
+            for bn in SMALL_M_BLOCK_N]
+    out += [_large_config(bm, bn, w, st) for bm, bn, w, st, _, _ in LARGE_M_TILES]
+    out += [_small_config(bm, SPLIT_SMALL_MID[0], stages=SPLIT_SMALL_MID[1]) for max_m, bm in SMALL_M_TABLE
+            if max_m > SPLIT_SMALL_MID_M]
+    out += [_large_config(bm, bn, w, st, split_weight=True) for bm, bn, w, st in LARGE_M_SPLIT_TILES]
     return out
+
+
+def split_chunk(K: int) -> int:
+    """K columns per chunk of a weight with reduction length K (contract.py, GEMM section); >= K means
+    no split.
+
+    A function of K only: every M, every N (fused or separate projections, column-parallel shards),
+    every device and every path gets the same chunks."""
+    bk = C.GEMM_BLOCK_K
+    whole = _cdiv(K, bk) * bk
+    if K < C.GEMM_SPLIT_MIN_K:
+        return whole
+    n = _cdiv(K, C.GEMM_SPLIT_CHUNK_MAX)
+    if n <= 1:
+        return whole
+    return _cdiv(_cdiv(K, n), bk) * bk
+
+
+REDUCE_BLOCK = 1024      # free: elements per program of the small-M split reduction
 
 
 def _tma_ok(*tensors) -> bool:
@@ -260,10 +457,25 @@ def linear(x, weight, bias=None, config=None, out=None):
         return y
     cfg = config or config_for(M, N, K, _num_sms(x.device), cpu=_interpreting())
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], C.GEMM_BLOCK_K
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    chunk = split_chunk(K)
+    n_chunks = _cdiv(K, chunk)
+    grid = (_cdiv(M, bm) * _cdiv(N, bn),)
     has_bias = bias is not None
     b = bias if has_bias else y
-    if cfg["tma"] and _tma_ok(x, weight, y):
+    split = dict(CHUNK_K=chunk, N_CHUNKS=n_chunks, SPLIT_FLAT=bool(cfg.get("flat", SPLIT_FLAT))) if n_chunks > 1 else {}
+    if n_chunks > 1 and cfg.get("split", "partial" if bm <= SMALL_M_TABLE[-1][1] else "fused") == "partial":
+        # small M: chunk partials in separate programs (tiles x chunks), then the ordered reduction
+        part = torch.empty((n_chunks, M, N), device=x.device, dtype=torch.float32)
+        _linear_partial_kernel[(grid[0], n_chunks)](
+            x, weight, part, M, N, K, x.stride(0), weight.stride(0),
+            EVEN_K=(K % bk == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], CHUNK_K=chunk,
+            **_launch_opts(cfg),
+        )
+        _linear_reduce_kernel[(_cdiv(M * N, REDUCE_BLOCK),)](
+            part, b, y, M, N, y.stride(0), HAS_BIAS=has_bias, N_CHUNKS=n_chunks, BLOCK=REDUCE_BLOCK,
+            **_launch_opts({"num_warps": 4, "num_stages": 1}),
+        )
+    elif cfg["tma"] and _tma_ok(x, weight, y):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [bm, bk])
@@ -271,14 +483,14 @@ def linear(x, weight, bias=None, config=None, out=None):
         y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn])
         _linear_tma_kernel[grid](
             x_desc, w_desc, y_desc, b, M, N, K,
-            HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
+            HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], **split,
             **_launch_opts(cfg),
         )
     else:
         _linear_ptr_kernel[grid](
             x, weight, b, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
             HAS_BIAS=has_bias, EVEN_K=(K % bk == 0),
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], **split,
             **_launch_opts(cfg),
         )
     return y

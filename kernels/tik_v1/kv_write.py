@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rowops import launch_opts
+from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, launch_opts
 
 KNOBS = {"free": {"TILE_ELEMS": (1024, 2048, 4096), "WARPS": (1, 2, 4)}}
 TILE_ELEMS = 2048
@@ -52,10 +52,10 @@ def forward(k_cache, v_cache, loc, k, v):
         return None
     iv = _INT_VIEW[k.element_size()]
     kc, vc, ki, vi = k_cache.view(iv), v_cache.view(iv), k.view(iv), v.view(iv)
-    block_d = triton.next_power_of_2(D)
-    block_h = max(1, min(triton.next_power_of_2(hkv), TILE_ELEMS // block_d))
+    block_d = _next_pow2(D)
+    block_h = max(1, min(_next_pow2(hkv), TILE_ELEMS // block_d))
     block_t = max(1, TILE_ELEMS // (block_h * block_d))
-    _kv_write_kernel[(triton.cdiv(T, block_t),)](
+    _kv_write_kernel[(_cdiv(T, block_t),)](
         ki, vi, kc, vc, loc, T, k_cache.shape[0],
         ki.stride(0), ki.stride(1), vi.stride(0), vi.stride(1),
         kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),

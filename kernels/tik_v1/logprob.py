@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import contract as C
-from ._rowops import aligned, fresh_copy, interpreting, launch_opts, to_act, vec_for
+from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, aligned, fresh_copy, interpreting, launch_opts, to_act, vec_for
 
 KNOBS = {
     "coupled": {"LOGPROB_VOCAB_CHUNK": C.LOGPROB_VOCAB_CHUNK, "LOGPROB_CHUNK_WARPS": C.LOGPROB_CHUNK_WARPS},
@@ -173,7 +173,7 @@ def forward(logits, tokens, temperature=1.0):
     if not aligned(x, vec, (x.stride(0),)):
         x = fresh_copy(x)
     chunk = C.LOGPROB_VOCAB_CHUNK
-    nc = triton.cdiv(V, chunk)
+    nc = _cdiv(V, chunk)
     ws = torch.empty((T, nc, 4), dtype=torch.float32, device=dev)
     temp, t_scalar, per_row = _temp_args(temperature, T, dev)
     sx = x.stride(0) // vec
@@ -182,7 +182,7 @@ def forward(logits, tokens, temperature=1.0):
         PER_ROW_T=per_row,
         **launch_opts(C.LOGPROB_CHUNK_WARPS),
     )
-    _logprob_merge_kernel[(triton.cdiv(T, MERGE_ROWS),)](
+    _logprob_merge_kernel[(_cdiv(T, MERGE_ROWS),)](
         x, tokens, temp, ws, logp, ent, lse, T, sx, t_scalar,
         V=V, NC=nc, VEC=vec, BLOCK_R=MERGE_ROWS, PER_ROW_T=per_row, **launch_opts(4),
     )
@@ -199,7 +199,7 @@ def backward(logits, tokens, temperature, lse, entropy, grad_logp, grad_entropy=
     temp, t_scalar, per_row = _temp_args(temperature, T, logits.device)
     glp = grad_logp.to(torch.float32).contiguous() if grad_logp is not None else torch.zeros_like(lse)
     gent = grad_entropy.to(torch.float32).contiguous() if grad_entropy is not None else glp
-    _logprob_bwd_kernel[(T, triton.cdiv(V, chunk))](
+    _logprob_bwd_kernel[(T, _cdiv(V, chunk))](
         logits, tokens, temp, lse, entropy, glp, gent, dx, logits.stride(0), dx.stride(0), t_scalar,
         V=V, CHUNK=chunk, PER_ROW_T=per_row, HAS_GENT=grad_entropy is not None, INTERP=interpreting(),
         **launch_opts(BWD_WARPS),

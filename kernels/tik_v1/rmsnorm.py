@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from . import contract as C
-from ._rowops import canonical, fresh_copy, interpreting, launch_opts, to_act, vec_for
+from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, canonical, fresh_copy, interpreting, launch_opts, to_act, vec_for
 
 KNOBS = {
     "coupled": {"RMSNORM_TILE_ELEMS": C.RMSNORM_TILE_ELEMS},
@@ -44,7 +44,7 @@ MAX_H = 65536
 
 def tile_config(H: int):
     """(BLOCK_H, ROWS, num_warps) for hidden size H -- never a function of the row count."""
-    block = triton.next_power_of_2(H)
+    block = _next_pow2(H)
     rows = max(1, C.RMSNORM_TILE_ELEMS // block)
     elems = rows * block
     warps = 4 if elems <= 2048 else (8 if elems <= 8192 else 16)
@@ -149,7 +149,7 @@ def forward(x, weight, eps, residual=None):
     else:
         ru, srt, srh = xu, 0, 0
     w = _weight(weight, vec)
-    _rmsnorm_fwd_kernel[(triton.cdiv(M, rows),)](
+    _rmsnorm_fwd_kernel[(_cdiv(M, rows),)](
         xu, ru, w, y, res_out, M, NH, sxt // vec, sxh // vec, srt // vec, srh // vec, float(eps),
         H=H, BLOCK_H=block, ROWS=rows, VEC=vec, HAS_RES=residual is not None, INTERP=interpreting(),
         **launch_opts(warps),
@@ -177,7 +177,7 @@ def backward(dy, x, weight, eps, dres=None):
     dx = torch.empty((M, H), dtype=x.dtype, device=x.device)
     if M == 0:
         return dx.reshape(x.shape), torch.zeros(H, dtype=torch.float32, device=x.device)
-    n_blocks = triton.cdiv(M, rows)
+    n_blocks = _cdiv(M, rows)
     cap = 4 if interpreting() or x.device.type != "cuda" else BWD_PROGRAMS_PER_SM * _n_sms(x.device.index or 0)
     G = min(n_blocks, cap)
     part = torch.empty((G, block), dtype=torch.float32, device=x.device)

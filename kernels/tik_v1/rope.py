@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._rowops import interpreting, launch_opts, to_act
+from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, interpreting, launch_opts, to_act
 
 KNOBS = {"free": {"HEAD_ELEMS": (1024, 2048, 4096), "WARPS": (2, 4, 8)}}
 HEAD_ELEMS = 2048   # elements of one program's [BLOCK_HEADS, R/2] half-tile target
@@ -77,8 +77,8 @@ def _rope_kernel(
 
 
 def _config(hq, hkv, half):
-    block_half = triton.next_power_of_2(half)
-    bh = max(1, min(triton.next_power_of_2(max(hq, hkv)), HEAD_ELEMS // block_half))
+    block_half = _next_pow2(half)
+    bh = max(1, min(_next_pow2(max(hq, hkv)), HEAD_ELEMS // block_half))
     return block_half, bh
 
 
@@ -100,8 +100,8 @@ def forward(q, k, positions, inv_freq, attention_scaling=1.0, backward=False):
     if T == 0:
         return q_out, k_out
     block_half, bh = _config(hq, hkv, half)
-    pass_block = triton.next_power_of_2(D - 2 * half) if D > 2 * half else 0
-    nblocks = triton.cdiv(hq, bh) + (triton.cdiv(hkv, bh) if hkv else 0)
+    pass_block = _next_pow2(D - 2 * half) if D > 2 * half else 0
+    nblocks = _cdiv(hq, bh) + (_cdiv(hkv, bh) if hkv else 0)
     _rope_kernel[(T, nblocks)](
         q, k_arg, q_out, k_out if k_out is not None else q_out, positions, inv_freq,
         q.stride(0), q.stride(1), skt, skh, float(attention_scaling),
