@@ -182,7 +182,8 @@ class TikRotary:
         identity and version (in-place writes) of ``position_ids``, so a changed input is recomputed
         (inference-mode tensors have no version: recomputed on every call)."""
         p = self.position_ids
-        key = (p._version, batch, seqlen, device) if isinstance(p, torch.Tensor) and not p.is_inference() else None
+        cacheable = isinstance(p, torch.Tensor) and not p.is_inference()
+        key = (p._version, batch, seqlen, device) if cacheable else None
         flat = self._flat
         if key is not None and flat is not None and flat[0] is p and flat[1] == key:
             return flat[2]

@@ -99,6 +99,7 @@ def _linear_fast(x, weight, bias=None):
         _MEMO.add(key)
     if x.dim() != 2:
         return _run(x, weight, bias)
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+    needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if torch.is_grad_enabled() and needs_grad:
         return _Linear.apply(x, weight, bias)
     return _impl().linear(x, weight, bias)
