@@ -210,6 +210,14 @@ def get_implementation() -> Implementation:
     return _current
 
 
+def current_module(mod: str) -> types.ModuleType:
+    """``get_implementation().module(mod)`` for the ops' hot path: once loaded, two attribute reads and
+    one dict lookup (no lock, no import statement). Follows :func:`set_implementation`."""
+    impl = _current if _current is not None else get_implementation()
+    m = impl._modules.get(mod)
+    return m if m is not None else impl.module(mod)
+
+
 def set_implementation(name_or_path: str | None) -> Implementation | None:
     """Switch the process to another implementation (``None`` resets to the default selection)."""
     global _current

@@ -118,15 +118,15 @@ def layer_step(layer, h, positions, inv_freq, rope_scaling, k_cache, v_cache, lo
     (extend or decode over the pool) gives the attention output [T, Hq, D]. Every other op is the one
     the tik-patched HF forward runs, in the same order (residual adds in torch, as in HF).
     """
-    from areal_tik_plugin import ops
     from areal_tik_plugin.integrations import transformers as T
+    from areal_tik_plugin.ops.kv_write import _kv_write_fast  # ops.kv_write, checks memoized per signature
 
     attn = layer.self_attn
     n = h.shape[0]
     residual = h
     x = T.tik_rms_norm(h, layer.input_layernorm)
     q, k, v = T.tik_qkv(attn, x, positions, inv_freq, rope_scaling)
-    ops.kv_write(k_cache, v_cache, loc, k, v)
+    _kv_write_fast(k_cache, v_cache, loc, k, v)
     o = attend(q, attn.scaling)
     h = residual + T.tik_linear(o.reshape(n, -1), attn.o_proj)
     residual = h

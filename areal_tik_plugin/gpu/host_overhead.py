@@ -9,7 +9,8 @@ host issue time per call (no sync), wall time per call with a sync, device time 
 ``--stub-launch`` (any machine, no GPU needed): every Triton kernel launch is replaced by a no-op and
 the layer runs on CPU tensors of ``--tokens`` (default 4) rows, so the time measured is the Python
 host path of our ops and launchers alone (Triton's own launch path excluded). Use it to compare a
-launcher change before a GPU run.
+launcher change before a GPU run. ``--train-forward`` (with ``--stub-launch``) also times the
+patched HF decoder layer's forward on the training path (grad enabled, AReaL's packed kwargs).
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen3-4b")
     ap.add_argument("--tokens", type=int, default=None, help="prefill tokens (default 1024; 4 with --stub-launch)")
     ap.add_argument("--stub-launch", action="store_true", help="no-op kernel launches, CPU tensors: host Python only")
+    ap.add_argument("--train-forward", action="store_true",
+                    help="with --stub-launch: also time the patched HF decoder layer forward (training path: grad "
+                         "enabled, packed cu_seq_lens kwargs)")
     args = ap.parse_args(argv)
     import torch
 
@@ -187,20 +191,56 @@ def _stub_launches() -> None:
     V.check_values = lambda device: False  # as on the GPU (value checks need a host sync there)
 
 
+def _best_us(fn, n: int = 200, reps: int = 5) -> float:
+    for _ in range(20):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return best
+
+
 def _stub_host_us(model: str, P: int) -> float:
     """Best-of-5 host Python time per layer prefill of P rows with launches stubbed (irreversible:
     call last)."""
     _stub_launches()
     _plug, _parts, layer = _layer(model, "cpu", P)
-    for _ in range(20):
-        layer()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(200):
-            layer()
-        best = min(best, (time.perf_counter() - t0) / 200 * 1e6)
-    return best
+    return _best_us(layer)
+
+
+def _train_forward(model: str, device, P: int):
+    """The patched HF decoder layer's forward as AReaL's FSDP actor runs it: one packed sequence of P
+    tokens (``cu_seq_lens_q/k``, ``max_length_q/k``, batch 1), grad enabled, parameters requiring grad."""
+    import torch
+
+    from areal_tik_plugin.gpu.layer_bench import build_layer
+    from areal_tik_plugin.integrations import transformers as T
+
+    dev, dt = torch.device(device), torch.bfloat16
+    cfg, base, rotary, _mod, _notes = build_layer(model, dt, dev)
+    plug = T.apply_to_module(copy.deepcopy(base), cfg.model_type)
+    plug.train()
+    inv, sc = T.rope_params(rotary, dev)
+    pos = torch.arange(P, device=dev)[None]
+    pe = T.TikRotary(pos, inv, sc)
+    h = (torch.randn(1, P, cfg.hidden_size, device=dev, dtype=dt) * 0.5).requires_grad_()
+    cu = torch.tensor([0, P], dtype=torch.int32, device=dev)
+    kw = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=P, max_length_k=P)
+
+    def fwd():
+        with torch.enable_grad():
+            return plug(h, attention_mask=None, position_ids=pos, position_embeddings=pe, **kw)
+
+    return fwd
+
+
+def _stub_train_host_us(model: str, P: int) -> float:
+    """Best-of-5 host Python time per patched HF decoder layer forward (training path), launches stubbed."""
+    _stub_launches()
+    return _best_us(_train_forward(model, "cpu", P))
 
 
 def _stub_main(args) -> int:
@@ -213,11 +253,16 @@ def _stub_main(args) -> int:
     impl = get_implementation()
     res = {"model": args.model, "tokens": P, "stub_launch": True, "host_us_per_layer": best,
            "implementation": impl.name, "source_hash": impl.source_hash}
+    if args.train_forward:
+        res["train_forward_host_us_per_layer"] = _stub_train_host_us(args.model, P)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "host_overhead_stub.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"{args.model} layer prefill, launches stubbed, {P} tokens: {best:.1f} us host Python per layer "
           f"(kernels {impl.name} {impl.source_hash[:12]})")
+    if args.train_forward:
+        print(f"{args.model} patched HF decoder layer forward (training path, grad on), launches stubbed, {P} tokens: "
+              f"{res['train_forward_host_us_per_layer']:.1f} us host Python per layer")
     return 0
 
 

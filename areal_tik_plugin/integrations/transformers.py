@@ -60,6 +60,15 @@ from typing import Any, Callable
 
 import torch
 
+# the ops' internal entry points: static checks memoized per argument signature (ops._validate.Memo),
+# the same kernels and errors as the public ops; availability of the public ops is still checked
+# at patch time (require_ops)
+from areal_tik_plugin.ops.attention import _attention_varlen_fast
+from areal_tik_plugin.ops.linear import _linear_fast
+from areal_tik_plugin.ops.norm import _rms_norm_fast
+from areal_tik_plugin.ops.rope import _apply_rope_fast
+from areal_tik_plugin.ops.swiglu import _swiglu_fast
+
 TIK_ATTENTION = "tik_varlen"
 
 # model_type -> (modeling module, class-name prefix)
@@ -120,9 +129,16 @@ def _as(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
 # ------------------------------------------------------------------------------------------------
 def tik_linear(x: torch.Tensor, module) -> torch.Tensor:
     """``module`` (an ``nn.Linear``) applied with ``ops.linear``; x [..., K] -> [..., N]."""
+    dt = x.dtype
+    w, b = module.weight, module.bias
+    if w is not None and w.dtype != dt:
+        w = w.to(dt)
+    if b is not None and b.dtype != dt:
+        b = b.to(dt)
+    if x.dim() == 2:
+        return _linear_fast(x, w, b)
     shp = x.shape
-    x2 = x.reshape(-1, shp[-1])
-    y = _op("linear")(x2, _as(module.weight, x.dtype), _as(module.bias, x.dtype))
+    y = _linear_fast(x.reshape(-1, shp[-1]), w, b)
     return y.view(*shp[:-1], y.shape[-1])
 
 
@@ -137,7 +153,10 @@ def _eps(norm) -> float:
 
 def tik_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     """HF RMSNorm module ``norm`` applied with ``ops.rms_norm`` over the last dim of x."""
-    return _op("rms_norm")(x, _as(norm.weight, x.dtype), _eps(norm))
+    w = norm.weight
+    if w is not None and w.dtype != x.dtype:
+        w = w.to(x.dtype)
+    return _rms_norm_fast(x, w, _eps(norm))
 
 
 class TikRotary:
@@ -148,15 +167,34 @@ class TikRotary:
     path. An unpatched attention that tries ``cos, sin = position_embeddings`` fails loudly.
     """
 
-    __slots__ = ("position_ids", "inv_freq", "attention_scaling")
+    __slots__ = ("position_ids", "inv_freq", "attention_scaling", "_flat")
 
     def __init__(self, position_ids: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float):
         self.position_ids = position_ids
         self.inv_freq = inv_freq
         self.attention_scaling = float(attention_scaling)
+        self._flat = None
 
-    def positions(self, batch: int, seqlen: int) -> torch.Tensor:
-        """Flat positions [batch * seqlen] (int64)."""
+    def positions(self, batch: int, seqlen: int, device: torch.device | None = None) -> torch.Tensor:
+        """Flat positions [batch * seqlen] (int64), on ``device`` when given.
+
+        One object serves every layer of a forward: the result is kept, keyed by the arguments and the
+        identity and version (in-place writes) of ``position_ids``, so a changed input is recomputed
+        (inference-mode tensors have no version: recomputed on every call)."""
+        p = self.position_ids
+        cacheable = isinstance(p, torch.Tensor) and not p.is_inference()
+        key = (p._version, batch, seqlen, device) if cacheable else None
+        flat = self._flat
+        if key is not None and flat is not None and flat[0] is p and flat[1] == key:
+            return flat[2]
+        out = self._positions(batch, seqlen)
+        if device is not None:
+            out = out.to(device)
+        if key is not None:
+            self._flat = (p, key, out)
+        return out
+
+    def _positions(self, batch: int, seqlen: int) -> torch.Tensor:
         p = self.position_ids
         if p.dim() == 1:
             p = p.unsqueeze(0)
@@ -225,13 +263,13 @@ def tik_qkv(attn, x2d: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Te
     if q_norm is not None:
         q = tik_rms_norm(q, q_norm)
         k = tik_rms_norm(k, attn.k_norm)
-    q, k = _op("apply_rope")(q, k, positions, inv_freq, attention_scaling)
+    q, k = _apply_rope_fast(q, k, positions, inv_freq, attention_scaling)
     return q, k, v
 
 
 def tik_mlp(mlp, x2d: torch.Tensor) -> torch.Tensor:
     """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
-    h = _op("swiglu")(tik_linear(x2d, mlp.gate_proj), tik_linear(x2d, mlp.up_proj))
+    h = _swiglu_fast(tik_linear(x2d, mlp.gate_proj), tik_linear(x2d, mlp.up_proj))
     return tik_linear(h, mlp.down_proj)
 
 
@@ -281,7 +319,9 @@ def varlen_layout(batch: int, seqlen: int, attention_mask=None, position_ids=Non
             raise ValueError("cu_seq_lens_q: expected a 1-D int tensor [num_seqs + 1]")
         mx = kwargs.get("max_length_q")
         mx = int(mx) if mx is not None else None
-        return cu.to(torch.int32).contiguous(), mx, None
+        if cu.dtype != torch.int32:
+            cu = cu.to(torch.int32)
+        return cu.contiguous(), mx, None
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, seqlen):
             shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
@@ -312,11 +352,12 @@ def varlen_layout(batch: int, seqlen: int, attention_mask=None, position_ids=Non
 def attend_packed(q, k, v, *, batch, seqlen, softmax_scale, attention_mask=None, position_ids=None, kwargs=None):
     """Causal attention of ``batch x seqlen`` tokens (q [B*S, Hq, D], k/v [B*S, Hkv, D]) -> [B*S, Hq, D]."""
     cu, mx, idx = varlen_layout(batch, seqlen, attention_mask, position_ids, kwargs)
-    cu = cu.to(q.device)
+    if cu.device != q.device:
+        cu = cu.to(q.device)
     if idx is None:
-        return _op("attention_varlen")(q, k, v, cu, mx, softmax_scale)
+        return _attention_varlen_fast(q, k, v, cu, mx, softmax_scale)
     idx = idx.to(q.device)
-    o = _op("attention_varlen")(q.index_select(0, idx), k.index_select(0, idx), v.index_select(0, idx), cu, mx,
+    o = _attention_varlen_fast(q.index_select(0, idx), k.index_select(0, idx), v.index_select(0, idx), cu, mx,
                                 softmax_scale)
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     return out.index_copy(0, idx, o)
@@ -486,7 +527,7 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
     if getattr(self, "sliding_window", None):
         raise NotImplementedError("sliding-window attention layers are not supported by the tik attention")
     B, S, _ = hidden_states.shape
-    pos = position_embeddings.positions(B, S).to(hidden_states.device)
+    pos = position_embeddings.positions(B, S, hidden_states.device)
     x = hidden_states.reshape(B * S, -1)
     q, k, v = tik_qkv(self, x, pos, position_embeddings.inv_freq, position_embeddings.attention_scaling)
     Hq, Hkv, D = q.shape[1], k.shape[1], q.shape[2]

@@ -58,3 +58,55 @@ def check_values(device: torch.device) -> bool:
     if os.environ.get("TIK_CHECK_VALUES", "0") in ("", "0"):
         return False
     return not torch.cuda.is_current_stream_capturing()
+
+
+# ------------------------------------------------------------------------------------------------
+# memoized static checks (the integrations' internal entry points)
+# ------------------------------------------------------------------------------------------------
+def sig(t):
+    """Everything the static checks of an op read from one argument, as a hashable key part.
+
+    A tensor: ``(type, shape, strides, dtype, device)`` -- ndim, numel, contiguity and the stride checks
+    all follow from shape and strides. ``None``: ``None``. A scalar: ``(type, value)`` (``True`` and
+    ``1`` stay apart). Values of tensors are not in it: value checks (:func:`check_values`) run on
+    every call.
+    """
+    if isinstance(t, torch.Tensor):
+        return (type(t), t.shape, t.stride(), t.dtype, t.device)
+    return None if t is None else (type(t), t)
+
+
+class Memo:
+    """Argument signatures (see :func:`sig`) that passed an op's static checks.
+
+    Only a signature whose checks passed is added, so a call with any changed static property (shape,
+    strides, dtype, device, tensor type, scalar value, kernel implementation) misses and is checked
+    again, raising the public op's error. Bounded: cleared when full.
+    """
+
+    __slots__ = ("_seen", "_limit")
+
+    def __init__(self, limit: int = 4096):
+        self._seen: set = set()
+        self._limit = limit
+
+    def __contains__(self, key) -> bool:
+        try:
+            return key in self._seen
+        except TypeError:  # an unhashable scalar: never memoized, always checked
+            return False
+
+    def add(self, key) -> None:
+        try:
+            hash(key)
+        except TypeError:
+            return
+        if len(self._seen) >= self._limit:
+            self._seen.clear()
+        self._seen.add(key)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+    def __len__(self) -> int:
+        return len(self._seen)

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import torch
 
+from areal_tik_plugin import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 
 
 def _impl():
-    from areal_tik_plugin.loader import get_implementation
-
-    return get_implementation().module("attention")
+    return _loader.current_module("attention")
 
 
 def _check_qkv(q, k, v, *, q_ndim, kv_ndim, head_axis):
@@ -96,12 +95,24 @@ def attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, softmax_scale=None):
     -------
     Tensor [T, Hq, D], differentiable w.r.t. q, k, v.
     """
+    D = _check_varlen(q, k, v, cu_seqlens)
+    max_seqlen = _varlen_max_seqlen(q, cu_seqlens, max_seqlen)
+    return _AttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, _scale(softmax_scale, D))
+
+
+def _check_varlen(q, k, v, cu_seqlens):
+    """Static checks of :func:`attention_varlen` -> head_dim."""
     D = _check_qkv(q, k, v, q_ndim=3, kv_ndim=3, head_axis=1)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"k: expected {q.shape[0]} tokens (same as q), got {k.shape[0]}")
     _check_index("cu_seqlens", cu_seqlens, q.device)
     if cu_seqlens.numel() < 2:
         raise ValueError("cu_seqlens: expected at least 2 entries [0, ..., total_tokens]")
+    return D
+
+
+def _varlen_max_seqlen(q, cu_seqlens, max_seqlen):
+    """``max_seqlen`` checked, or computed (with the offsets' value check, a host sync) when None."""
     if max_seqlen is None:
         lens = cu_seqlens[1:] - cu_seqlens[:-1]
         if int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != q.shape[0] or bool((lens < 0).any()):
@@ -109,7 +120,23 @@ def attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, softmax_scale=None):
         max_seqlen = int(lens.max())
     elif isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
         raise TypeError(f"max_seqlen: expected a non-negative int, got {max_seqlen!r}")
-    return _AttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, _scale(softmax_scale, D))
+    return max_seqlen
+
+
+_MEMO_VARLEN = V.Memo()
+
+
+def _attention_varlen_fast(q, k, v, cu_seqlens, max_seqlen=None, softmax_scale=None):
+    """:func:`attention_varlen` for the integrations: static checks once per argument signature
+    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss); ``max_seqlen`` checked
+    (or computed with the value check) on every call; then the same kernel call."""
+    key = (V.sig(q), V.sig(k), V.sig(v), V.sig(cu_seqlens), V.sig(softmax_scale))
+    if key not in _MEMO_VARLEN:
+        _scale(softmax_scale, _check_varlen(q, k, v, cu_seqlens))
+        _MEMO_VARLEN.add(key)
+    max_seqlen = _varlen_max_seqlen(q, cu_seqlens, max_seqlen)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    return _AttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale)
 
 
 def _check_paged(k_cache, v_cache, kv_indices, table_rows, page_size, device, n_req):
@@ -155,6 +182,15 @@ def attention_extend(q, k_cache, v_cache, *, cu_seqlens_q, prefix_lens, kv_indic
     -------
     Tensor [T, Hq, D]
     """
+    D = _check_extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size)
+    max_extend_len = _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, max_extend_len,
+                                    page_size)
+    return _impl().extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows,
+                          max_extend_len, _scale(softmax_scale, D), page_size)
+
+
+def _check_extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size):
+    """Static checks of :func:`attention_extend` -> head_dim."""
     D = _check_qkv(q, k_cache, v_cache, q_ndim=3, kv_ndim=3, head_axis=1)
     _check_index("cu_seqlens_q", cu_seqlens_q, q.device)
     B = cu_seqlens_q.numel() - 1
@@ -164,6 +200,12 @@ def attention_extend(q, k_cache, v_cache, *, cu_seqlens_q, prefix_lens, kv_indic
     if prefix_lens.numel() != B:
         raise ValueError(f"prefix_lens: expected {B} entries, got {prefix_lens.numel()}")
     _check_paged(k_cache, v_cache, kv_indices, table_rows, page_size, q.device, B)
+    return D
+
+
+def _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, max_extend_len, page_size):
+    """``max_extend_len`` (computed with a host sync when None) and the value checks (CPU always, GPU
+    with ``TIK_CHECK_VALUES=1``): every call."""
     if max_extend_len is None:
         max_extend_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     if V.check_values(q.device):
@@ -179,8 +221,28 @@ def attention_extend(q, k_cache, v_cache, *, cu_seqlens_q, prefix_lens, kv_indic
         if int(table_rows.max()) >= kv_indices.shape[0] or int(table_rows.min()) < 0:
             raise ValueError(f"table_rows: expected values in [0, {kv_indices.shape[0]}), got {table_rows.tolist()}")
         _check_slots(k_cache, kv_indices, table_rows, ctx, page_size)
+    return max_extend_len
+
+
+_MEMO_EXTEND = V.Memo()
+
+
+def _attention_extend_fast(q, k_cache, v_cache, *, cu_seqlens_q, prefix_lens, kv_indices, table_rows,
+                           max_extend_len=None, softmax_scale=None, page_size=1):
+    """:func:`attention_extend` for the integrations: static checks once per argument signature
+    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), ``max_extend_len`` and
+    the value checks on every call, then the same kernel call."""
+    key = (V.sig(q), V.sig(k_cache), V.sig(v_cache), V.sig(cu_seqlens_q), V.sig(prefix_lens), V.sig(kv_indices),
+           V.sig(table_rows), V.sig(softmax_scale), V.sig(page_size))
+    if key not in _MEMO_EXTEND:
+        _scale(softmax_scale, _check_extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows,
+                                            page_size))
+        _MEMO_EXTEND.add(key)
+    max_extend_len = _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, max_extend_len,
+                                    page_size)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _impl().extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows,
-                          max_extend_len, _scale(softmax_scale, D), page_size)
+                          max_extend_len, scale, page_size)
 
 
 def attention_decode(q, k_cache, v_cache, *, seq_lens, kv_indices=None, table_rows=None, softmax_scale=None,

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import torch
 
+from areal_tik_plugin import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _impl():
-    from areal_tik_plugin.loader import get_implementation
-
-    return get_implementation().module("kv_write")
+    return _loader.current_module("kv_write")
 
 
 def kv_write(k_cache, v_cache, loc, k, v):
@@ -35,6 +34,12 @@ def kv_write(k_cache, v_cache, loc, k, v):
     None. The launch depends on shapes only (CUDA-graph capturable; no host sync on GPU unless
     ``TIK_CHECK_VALUES=1``).
     """
+    _check(k_cache, v_cache, loc, k, v)
+    _check_loc(k_cache, loc)
+    _impl().forward(k_cache, v_cache, loc, k, v)
+
+
+def _check(k_cache, v_cache, loc, k, v):
     V.tensor("k_cache", k_cache, ndim=3, dtypes=CACHE_DTYPES, contiguous_last=True)
     dev = k_cache.device
     V.tensor("v_cache", v_cache, ndim=3, dtypes=(k_cache.dtype,), device=dev, contiguous_last=True)
@@ -51,8 +56,26 @@ def kv_write(k_cache, v_cache, loc, k, v):
     V.tensor("loc", loc, ndim=1, dtypes=V.INDEX_DTYPES, device=dev, contiguous=True, allow_empty=True)
     if loc.numel() != T:
         raise ValueError(f"loc: expected {T} entries (one per token), got {loc.numel()}")
-    if T and V.check_values(dev):
+
+
+def _check_loc(k_cache, loc):
+    """Value check (a host sync; CPU always, GPU with ``TIK_CHECK_VALUES=1``): every call."""
+    if loc.numel() and V.check_values(k_cache.device):
         lo, hi = int(loc.min()), int(loc.max())
         if lo < 0 or hi >= k_cache.shape[0]:
             raise ValueError(f"loc: expected slots in [0, {k_cache.shape[0]}), got min {lo} max {hi}")
+
+
+_MEMO = V.Memo()
+
+
+def _kv_write_fast(k_cache, v_cache, loc, k, v):
+    """:func:`kv_write` for the integrations: static checks once per argument signature
+    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), the slot value check on
+    every call, then the same kernel call."""
+    key = (V.sig(k_cache), V.sig(v_cache), V.sig(loc), V.sig(k), V.sig(v))
+    if key not in _MEMO:
+        _check(k_cache, v_cache, loc, k, v)
+        _MEMO.add(key)
+    _check_loc(k_cache, loc)
     _impl().forward(k_cache, v_cache, loc, k, v)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from areal_tik_plugin import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 from areal_tik_plugin.ops.linear import linear
 
@@ -31,9 +32,7 @@ MAX_TOP_K = 64
 
 
 def _impl():
-    from areal_tik_plugin.loader import get_implementation
-
-    return get_implementation().module("moe")
+    return _loader.current_module("moe")
 
 
 def _check_top_k(top_k, E):

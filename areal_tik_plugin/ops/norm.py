@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import torch
 
+from areal_tik_plugin import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _impl():
-    from areal_tik_plugin.loader import get_implementation
-
-    return get_implementation().module("rmsnorm")
+    return _loader.current_module("rmsnorm")
 
 
 def _needs_grad(*ts):
@@ -96,6 +95,24 @@ def rms_norm(x, weight, eps):
     eps = _check(x, weight, eps)
     if not _needs_grad(x, weight):  # inference (SGLang): the same kernel without autograd bookkeeping
         return _impl().forward(x, weight, eps)
+    return _RMSNorm.apply(x, weight, eps)
+
+
+_MEMO = V.Memo()
+
+
+def _rms_norm_fast(x, weight, eps):
+    """:func:`rms_norm` for the integrations: its static checks run once per argument signature
+    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
+    call -- bit-identical results."""
+    impl = _impl()
+    key = (impl, V.sig(x), V.sig(weight), type(eps), eps)
+    if key not in _MEMO:
+        _check(x, weight, eps)
+        _MEMO.add(key)
+    eps = float(eps)
+    if not _needs_grad(x, weight):
+        return impl.forward(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from areal_tik_plugin import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -23,9 +24,7 @@ MAX_EXACT_POSITION = 1 << 24  # positions are converted to fp32 exactly below th
 
 
 def _impl():
-    from areal_tik_plugin.loader import get_implementation
-
-    return get_implementation().module("rope")
+    return _loader.current_module("rope")
 
 
 class _Rope(torch.autograd.Function):
@@ -63,6 +62,13 @@ def apply_rope(q, k, positions, inv_freq, attention_scaling=1.0):
     -------
     (q_out, k_out), new contiguous tensors (k_out None when k is None); differentiable w.r.t. q, k.
     """
+    scaling = _check(q, k, positions, inv_freq, attention_scaling)
+    _check_positions(q, positions)
+    return _run(q, k, positions, inv_freq, scaling)
+
+
+def _check(q, k, positions, inv_freq, attention_scaling):
+    """Static checks of :func:`apply_rope` (shapes, dtypes, devices, layouts, scaling) -> scaling."""
     V.tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
     T, _, D = q.shape
     if D < 2 or D % 2:
@@ -78,11 +84,35 @@ def apply_rope(q, k, positions, inv_freq, attention_scaling=1.0):
     V.tensor("inv_freq", inv_freq, ndim=1, dtypes=(torch.float32,), device=q.device, contiguous=True)
     if 2 * inv_freq.numel() > D:
         raise ValueError(f"inv_freq: expected at most head_dim/2 = {D // 2} entries, got {inv_freq.numel()}")
-    scaling = V.positive_float("attention_scaling", attention_scaling)
-    if T and V.check_values(q.device):
+    return V.positive_float("attention_scaling", attention_scaling)
+
+
+def _check_positions(q, positions):
+    """Value check (a host sync; CPU always, GPU with ``TIK_CHECK_VALUES=1``): every call."""
+    if q.shape[0] and V.check_values(q.device):
         lo, hi = int(positions.min()), int(positions.max())
         if lo < 0 or hi >= MAX_EXACT_POSITION:
             raise ValueError(f"positions: expected values in [0, {MAX_EXACT_POSITION}), got min {lo} max {hi}")
+
+
+def _run(q, k, positions, inv_freq, scaling):
     if not (torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))):
         return _impl().forward(q, k, positions, inv_freq, scaling)
     return _Rope.apply(q, k, positions, inv_freq, scaling)
+
+
+_MEMO = V.Memo()
+
+
+def _apply_rope_fast(q, k, positions, inv_freq, attention_scaling=1.0):
+    """:func:`apply_rope` for the integrations: static checks once per argument signature
+    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), the value check on
+    every call, then the same kernel call -- bit-identical results."""
+    key = (V.sig(q), V.sig(k), V.sig(positions), V.sig(inv_freq), type(attention_scaling), attention_scaling)
+    if key in _MEMO:
+        scaling = float(attention_scaling)
+    else:
+        scaling = _check(q, k, positions, inv_freq, attention_scaling)
+        _MEMO.add(key)
+    _check_positions(q, positions)
+    return _run(q, k, positions, inv_freq, scaling)
