@@ -85,6 +85,11 @@ LARGE_M_SPLIT_NARROW_N = 3072
 # 4B down 21.6 / 8B down 35.6 us vs 27.9 / 43.6 us with the unsplit rule's BLOCK_N 32 / 9 stages).
 SPLIT_SMALL_MID_M = 16
 SPLIT_SMALL_MID = (64, 4)  # (BLOCK_N, num_stages)
+# ... except a weight of at most SPLIT_FUSED_MAX_CHUNKS chunks: the fused flat path (the unsplit
+# kernel's program count) with BLOCK_N / stages SPLIT_FUSED_MID (sweep, Qwen3-4B o, 2 chunks, M=64:
+# 13.5 us fused flat 32 / 8 vs 15.9 us partial 64 / 4; cuBLAS 9.8 us). Not yet GPU-checked as a rule.
+SPLIT_FUSED_MAX_CHUNKS = 2
+SPLIT_FUSED_MID = (32, 8)
 # Split weight, M <= SPLIT_PARTIAL_MAX_M: chunk partials in separate programs (tiles x chunks) + an
 # ordered reduction kernel; larger M: both accumulators in one program ("fused"), whose program count
 # equals the unsplit kernel's. SPLIT_FLAT: the fused path runs one pipelined K loop and adds the
@@ -113,6 +118,8 @@ KNOBS = {
         "LARGE_M_SPLIT_NARROW_N": (0, 3072, 8192),
         "SPLIT_SMALL_MID_M": (16, 32, 64),
         "SPLIT_SMALL_MID": ((32, 8), (64, 4), (128, 4), (128, 8)),
+        "SPLIT_FUSED_MAX_CHUNKS": (1, 2, 3),
+        "SPLIT_FUSED_MID": ((32, 8), (32, 4), (64, 4)),
         "SPLIT_PARTIAL_MAX_M": (1, 16, 32, 64),
         "SPLIT_FLAT": (False, True),
         "GROUP_M": (1, 4, 8, 16),
@@ -157,6 +164,20 @@ def _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
+def _ptr_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
+    """Row/column/K offsets of a pointer-load program's tile. x rows past M are masked (zero-filled, no
+    memory traffic: decode M << BLOCK_M); weight rows past N re-read row 0 (results discarded). Masks
+    never change the values of valid rows."""
+    pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m[:, None] < M
+    rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    return offs_m, offs_n, offs_k, m_ok, rn
+
+
+@triton.jit
 def _chunk_chain_ptr(x_row, w_row, m_ok, offs_k, k_lo, k_hi, K,
                      EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One chunk's chain from zero: part = dot(x[:, k_lo:k_hi], w[:, k_lo:k_hi]^T), BLOCK_K at a time."""
@@ -181,15 +202,7 @@ def _linear_ptr_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
     CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1, SPLIT_FLAT: tl.constexpr = False,
 ):
-    pid = tl.program_id(0)
-    pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    # x rows past M are masked (zero-filled, no memory traffic: decode M << BLOCK_M); weight rows
-    # past N re-read row 0 (results discarded). Masks never change the values of valid rows.
-    m_ok = offs_m[:, None] < M
-    rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    offs_m, offs_n, offs_k, m_ok, rn = _ptr_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
     if N_CHUNKS == 1:
         x_ptrs = X + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
         w_ptrs = W + rn[:, None] * stride_wn + offs_k[None, :]
@@ -288,14 +301,8 @@ def _linear_partial_kernel(
     GROUP: tl.constexpr, CHUNK_K: tl.constexpr,
 ):
     """Split weight, small M: program (tile, c) writes chunk c's partial to P[c, M, N] (fp32)."""
-    pid = tl.program_id(0)
     c = tl.program_id(1)
-    pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m[:, None] < M
-    rn = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
+    offs_m, offs_n, offs_k, m_ok, rn = _ptr_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
     k_lo = c * CHUNK_K
     k_hi = tl.minimum(k_lo + CHUNK_K, K)
     part = _chunk_chain_ptr(X + offs_m.to(tl.int64)[:, None] * stride_xm, W + rn[:, None] * stride_wn, m_ok,
@@ -359,6 +366,8 @@ def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
         bn = SMALL_M_BLOCK_N[-1]
         partial = M <= SPLIT_PARTIAL_MAX_M
         if partial and M > SPLIT_SMALL_MID_M and split_chunk(K) < K:
+            if _cdiv(K, split_chunk(K)) <= SPLIT_FUSED_MAX_CHUNKS:
+                return _small_config(bm, SPLIT_FUSED_MID[0], split="fused", flat=True, stages=SPLIT_FUSED_MID[1])
             return _small_config(bm, SPLIT_SMALL_MID[0], split="partial", stages=SPLIT_SMALL_MID[1])
         chunks = _cdiv(K, split_chunk(K)) if partial else 1  # the partial path runs tiles x chunks programs
         for cand in SMALL_M_BLOCK_N:
@@ -409,6 +418,8 @@ def all_configs() -> list[dict]:
     out += [_large_config(bm, bn, w, st) for bm, bn, w, st, _, _ in LARGE_M_TILES]
     out += [_small_config(bm, SPLIT_SMALL_MID[0], stages=SPLIT_SMALL_MID[1]) for max_m, bm in SMALL_M_TABLE
             if max_m > SPLIT_SMALL_MID_M]
+    out += [_small_config(bm, SPLIT_FUSED_MID[0], split="fused", flat=True, stages=SPLIT_FUSED_MID[1])
+            for max_m, bm in SMALL_M_TABLE if max_m > SPLIT_SMALL_MID_M]
     out += [_large_config(bm, bn, w, st, split_weight=True) for bm, bn, w, st in LARGE_M_SPLIT_TILES]
     return out
 
