@@ -118,10 +118,9 @@ def _plain_name(name: str) -> str:
 def _bits_equal(a, b) -> bool:
     import torch
 
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    iv = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(a.element_size())
-    return bool(torch.equal(a.contiguous().view(iv), b.contiguous().view(iv))) if iv else bool(torch.equal(a, b))
+    from areal_tik_plugin.gpu.suite import bits
+
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b)))
 
 
 def bisect_modules(actor, path: str, seq, dev: str) -> dict:

@@ -129,12 +129,7 @@ def _as(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
 # ------------------------------------------------------------------------------------------------
 def tik_linear(x: torch.Tensor, module) -> torch.Tensor:
     """``module`` (an ``nn.Linear``) applied with ``ops.linear``; x [..., K] -> [..., N]."""
-    dt = x.dtype
-    w, b = module.weight, module.bias
-    if w is not None and w.dtype != dt:
-        w = w.to(dt)
-    if b is not None and b.dtype != dt:
-        b = b.to(dt)
+    w, b = _as(module.weight, x.dtype), _as(module.bias, x.dtype)
     if x.dim() == 2:
         return _linear_fast(x, w, b)
     shp = x.shape
@@ -153,10 +148,7 @@ def _eps(norm) -> float:
 
 def tik_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     """HF RMSNorm module ``norm`` applied with ``ops.rms_norm`` over the last dim of x."""
-    w = norm.weight
-    if w is not None and w.dtype != x.dtype:
-        w = w.to(x.dtype)
-    return _rms_norm_fast(x, w, _eps(norm))
+    return _rms_norm_fast(x, _as(norm.weight, x.dtype), _eps(norm))
 
 
 class TikRotary:
