@@ -111,27 +111,39 @@ def build_model(name_or_path: str, *, layers: int | None = None, dtype=None, dev
 # ------------------------------------------------------------------------------------------------
 # rollout replay: prefill / extend / decode over a paged KV cache with the plugin's ops
 # ------------------------------------------------------------------------------------------------
-def layer_step(layer, h, positions, inv_freq, rope_scaling, k_cache, v_cache, loc, attend):
-    """One HF decoder layer on the rollout path: h [T, H] -> [T, H].
+def layer_step(layer, h, positions, inv_freq, rope_scaling, k_cache, v_cache, loc, attend, residual=None,
+               split_residual=False):
+    """One HF decoder layer on the rollout path, laid out as SGLang runs it: h [T, H] -> [T, H].
 
-    K/V of the T tokens are written at pool slots ``loc`` (``ops.kv_write``), then ``attend(q, scale)``
-    (extend or decode over the pool) gives the attention output [T, Hq, D]. Every other op is the one
-    the tik-patched HF forward runs, in the same order (residual adds in torch, as in HF).
+    One GEMM for the fused QKV weight and one for the fused gate_up weight
+    (:func:`~areal_tik_plugin.integrations.transformers.rollout_weights`), the residual adds fused into
+    the RMSNorms (``ops.rms_norm_residual``), K/V of the T tokens written at pool slots ``loc``
+    (``ops.kv_write``), then ``attend(q, scale)`` (extend or decode over the pool) gives the attention
+    output [T, Hq, D]. The ops are those of the tik-patched HF forward (separate projections, residual
+    adds in torch); the contract makes both give the same bits. No gradients.
+
+    ``split_residual=True`` is SGLang's layer convention: the layer returns ``(mlp_out, residual)``
+    (their sum is the HF layer output) and the next layer takes them as ``h, residual``, adding them
+    inside its input RMSNorm; ``residual=None`` means ``h`` is the whole hidden state (first layer).
     """
     from areal_tik_plugin.integrations import transformers as T
     from areal_tik_plugin.ops.kv_write import _kv_write_fast  # ops.kv_write, checks memoized per signature
 
     attn = layer.self_attn
+    fused = T.rollout_weights(layer, h.dtype)
     n = h.shape[0]
-    residual = h
-    x = T.tik_rms_norm(h, layer.input_layernorm)
-    q, k, v = T.tik_qkv(attn, x, positions, inv_freq, rope_scaling)
+    if residual is None:
+        residual = h
+        x = T.tik_rms_norm(h, layer.input_layernorm)
+    else:
+        x, residual = T.tik_rms_norm_residual(h, residual, layer.input_layernorm)
+    q, k, v = T.tik_qkv_rollout(attn, x, positions, inv_freq, rope_scaling, fused)
     _kv_write_fast(k_cache, v_cache, loc, k, v)
     o = attend(q, attn.scaling)
-    h = residual + T.tik_linear(o.reshape(n, -1), attn.o_proj)
-    residual = h
-    x = T.tik_rms_norm(h, layer.post_attention_layernorm)
-    return residual + T.tik_ffn(layer.mlp, x)
+    x, h = T.tik_rms_norm_residual(T.tik_linear(o.reshape(n, -1), attn.o_proj), residual,
+                                   layer.post_attention_layernorm)
+    out = T.tik_ffn_rollout(layer.mlp, x, fused)
+    return (out, h) if split_residual else h + out
 
 
 class PagedRunner:
@@ -193,11 +205,14 @@ class PagedRunner:
 
     # -- model ------------------------------------------------------------------------------
     def _forward(self, ids, positions, loc, attend):
-        h = self.embed(ids)
-        for i, layer in enumerate(self.layers):
-            h = layer_step(layer, h, positions, self.inv_freq, self.rope_scaling, self.k[i], self.v[i], loc,
-                           lambda q, scale, i=i: attend(i, q, scale))
-        return self.T.tik_linear(self.T.tik_rms_norm(h, self.norm), self.head)
+        h, residual = self.embed(ids), None
+        for i, layer in enumerate(self.layers):  # SGLang's convention: residual adds inside the next norm
+            h, residual = layer_step(layer, h, positions, self.inv_freq, self.rope_scaling, self.k[i], self.v[i],
+                                     loc, lambda q, scale, i=i: attend(i, q, scale), residual=residual,
+                                     split_residual=True)
+        x = self.T.tik_rms_norm_residual(h, residual, self.norm)[0] if residual is not None \
+            else self.T.tik_rms_norm(h, self.norm)
+        return self.T.tik_linear(x, self.head)
 
     def extend(self, rows: list[int], tokens: list):
         """New tokens for ``rows`` after their cached prefix (prefill when the prefix is empty).

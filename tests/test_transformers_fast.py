@@ -107,6 +107,21 @@ def test_layer_step_equals_public_op_sequence():
     assert_bits(out, ref, "layer_step")
     assert_bits(pools[0][0], pools[1][0], "k pool")
     assert_bits(pools[0][1], pools[1][1], "v pool")
+    # SGLang's convention: (previous output, residual) in, the add inside the input norm; (mlp_out,
+    # residual) out, whose sum is the HF layer output -- the same bits as adding first
+    d = rnd(Tn, model.config.hidden_size, seed=31, scale=0.5)
+    with torch.no_grad():
+        mlp_out, res = layer_step(layer, x - d, pos, inv, sc, *pools[0], loc, attend_on(*pools[0]), residual=d,
+                                  split_residual=True)
+        full = layer_step(layer, (x - d) + d, pos, inv, sc, *pools[1], loc, attend_on(*pools[1]))
+    assert_bits(res + mlp_out, full, "layer_step split_residual")
+    with torch.no_grad():  # the fused weights follow an in-place update of a source weight
+        layer.self_attn.v_proj.weight.mul_(2)  # (k would be undone by k_norm)
+        again = layer_step(layer, x, pos, inv, sc, *pools[0], loc, attend_on(*pools[0]))
+    fw = T.rollout_weights(layer, BF)
+    nq, nk = fw["q_size"], fw["kv_size"]
+    assert torch.equal(fw["qkv"][nq + nk:], layer.self_attn.v_proj.weight.to(BF))
+    assert not torch.equal(again, out)
 
 
 def test_rotary_positions_cache_follows_changes():

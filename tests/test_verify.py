@@ -111,8 +111,9 @@ def test_parse_lengths_and_cli_registration(capsys):
     assert set(V.BUILTIN_MODELS) >= {"tiny-qwen3", "tiny-qwen3-moe", "qwen2.5-1.5b", "qwen3-4b", "qwen3-30b-a3b"}
 
 
-def test_layer_bench_runs_every_phase_on_cpu(monkeypatch):
-    """Smoke run of the GPU layer benchmark's code paths (tiny MoE layer, timing stubbed)."""
+@pytest.mark.parametrize("model", ["tiny-qwen3-moe", "tiny-qwen3"])
+def test_layer_bench_runs_every_phase_on_cpu(monkeypatch, model):
+    """Smoke run of the GPU layer benchmark's code paths (tiny MoE / dense layer, timing stubbed)."""
     from areal_tik_plugin.gpu import layer_bench as LB
 
     def fake_time(fn, *, graph, errors, tag):
@@ -120,9 +121,14 @@ def test_layer_bench_runs_every_phase_on_cpu(monkeypatch):
         return {"cold_us": 10.0, "graph_us": 5.0 if graph else None}
 
     monkeypatch.setattr(LB, "_time", fake_time)
-    r = LB.bench_model("tiny-qwen3-moe", True, (3,), prompt=6, device="cpu", ctx_points=(1, 3), profile=True)
+    knobs = ((4, 3), (8, 2)) if model == "tiny-qwen3" else ()
+    r = LB.bench_model(model, True, (3,), prompt=6, device="cpu", ctx_points=(1, 3), profile=True,
+                       decode_knobs=knobs)
     assert r["errors"] == [], r["errors"]
-    assert set(r["profile"]) == {"plugin.prefill", "baseline.prefill", "plugin.decode"}
+    assert set(r["profile"]) == {"plugin.prefill", "baseline.prefill", "plugin.decode", "baseline.decode"}
+    if knobs:  # the default first, then each probed pair; free knobs keep the bits
+        assert [(k["warps"], k["stages"]) for k in r["decode_knobs"]][1:] == list(knobs)
+        assert all(k["same_bits"] and k["time"]["graph_us"] == 5.0 for k in r["decode_knobs"])
     assert all(rows and rows[0]["self_cpu_us"] > 0 for rows in r["profile"].values())
     row = r["results"][0]
     assert row["ratio"] > 1.0 and row["baseline_us"]["recompute_fwd"] == 10.0

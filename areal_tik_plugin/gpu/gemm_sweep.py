@@ -72,7 +72,7 @@ def configs(M: int) -> list[dict]:
 # partial (workspace + ordered reduce) vs fused (two accumulators per program, one loop per chunk or
 # one flat loop); large M the fused path on these tiles, both loop forms
 SPLIT_SMALL_BN = (32, 64, 128)
-SPLIT_SMALL_STAGES = (4, 8)
+SPLIT_SMALL_STAGES = (4, 8, 12)
 SPLIT_LARGE = ((128, 128, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4),
                (64, 128, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (64, 256, 4, 3))
 
@@ -83,8 +83,8 @@ def split_configs(M: int) -> list[dict]:
         bm = _small_bm(M)
         for bn, st in itertools.product(SPLIT_SMALL_BN if M > 16 else (16, 32), SPLIT_SMALL_STAGES):
             for split, flat in (("partial", False), ("fused", False), ("fused", True)):
-                if split == "fused" and M <= 16:
-                    continue
+                if split == "fused" and not flat and M <= 16:
+                    continue  # decode M: the flat fused loop only (one program per tile, no workspace/reduce)
                 out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=st, GROUP_M=1, tma=False,
                                 split=split, flat=flat,
                                 name=f"s_m{bm}_n{bn}_s{st}_{split}{'_flat' if flat else ''}"))

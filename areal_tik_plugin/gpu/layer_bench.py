@@ -5,15 +5,21 @@
 For one transformer layer of each model (random bf16 weights, batch 1, 1K-token prompt) and each
 response length R in 128 / 1K / 4K / 8K, the time of one RL step's work on that layer:
 
+Both stacks run the rollout steps (prefill, decode) with SGLang's weight layout: one fused QKV and
+one fused gate_up weight per layer (:func:`~areal_tik_plugin.integrations.transformers.rollout_weights`).
+
 * **plugin stack** (what the plugin lets AReaL run): rollout prefill of the prompt
-  (``ops.attention_extend`` over a paged KV cache + the layer ops), token-wise decode of the R
+  (``ops.attention_extend`` over a paged KV cache + the layer ops of
+  :func:`~areal_tik_plugin.verify.layer_step` in SGLang's residual convention: the residual add of the
+  layer input fused into its RMSNorm), token-wise decode of the R
   response tokens (``ops.attention_decode``; the per-token step is CUDA-graph replayed), and the
   policy-update forward + backward over the 1K+R tokens (the tik-patched HF layer, packed varlen).
   The rollout log-probs are reused: no recompute forward.
-* **baseline stack** (stock kernels): the HF layer with cuDNN SDPA attention (``sdpa_kernel``;
-  another SDPA backend only if cuDNN refuses the shape, recorded) and torch/HF ops (MoE:
-  transformers' ``grouped_mm`` experts when available); decode = the HF layer ops on one token
-  against a static KV buffer (graph replayed like ours); update = forward + backward, **plus the
+* **baseline stack** (stock kernels): the HF layer's ops with cuDNN SDPA attention (``sdpa_kernel``;
+  another SDPA backend only if cuDNN refuses the shape, recorded) and torch/HF ops (cuBLAS on the
+  fused weights; MoE: transformers' ``grouped_mm`` experts when available); prefill = those ops over
+  the prompt (causal SDPA), decode = the same on one token against a static KV buffer (graph
+  replayed like ours); update = the HF layer's forward + backward, **plus the
   recompute forward** (no-grad) over the 1K+R tokens that a stock pipeline must run.
 
 Decode is measured at a few context lengths per stack and integrated over the R steps (piecewise
@@ -180,10 +186,36 @@ def _decode_total(points: dict[int, float], R: int, prompt: int = PROMPT) -> flo
     return total
 
 
+def _probe_decode_knobs(step, knobs, errors) -> list[dict[str, Any]]:
+    """Re-time the plugin decode step (graph replay, last sampled context) with other free decode
+    knobs ``(DECODE_WARPS, DECODE_STAGES)`` of the attention implementation; each output is compared
+    bit for bit with the default knobs' (free knobs must not move a bit)."""
+    import torch
+
+    from areal_tik_plugin import loader
+    from areal_tik_plugin.gpu.suite import bits
+
+    att = loader.current_module("attention")
+    default = (att.DECODE_WARPS, att.DECODE_STAGES)
+    ref = bits(step()).clone()
+    rows = []
+    try:
+        for w, st in [default] + [k for k in knobs if k != default]:
+            att.DECODE_WARPS, att.DECODE_STAGES = w, st
+            same = bool(torch.equal(bits(step()), ref))
+            rows.append({"warps": w, "stages": st, "same_bits": same,
+                         "time": _time(step, graph=True, errors=errors, tag=f"plugin.decode[w{w},s{st}]")})
+    finally:
+        att.DECODE_WARPS, att.DECODE_STAGES = default
+    return rows
+
+
 def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT, device: str = "cuda",
-                ctx_points=None, profile: bool = False) -> dict[str, Any]:
+                ctx_points=None, profile: bool = False, decode_knobs=()) -> dict[str, Any]:
     """Every phase of one model's layer; ``prompt``/``device``/``ctx_points`` exist for CPU smoke tests.
-    ``profile``: also record the top kernels of the plugin's and the baseline's prefill and decode step."""
+    ``profile``: also record the top kernels of the plugin's and the baseline's prefill and decode step.
+    ``decode_knobs``: ``(warps, stages)`` pairs of the attention decode kernel to probe (see
+    :func:`_probe_decode_knobs`)."""
     import torch
     import torch.nn.functional as F
 
@@ -224,19 +256,51 @@ def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT
         cu_p = torch.tensor([0, PROMPT], dtype=torch.int32, device=dev)
         zero = torch.zeros(1, dtype=torch.int32, device=dev)
 
+        # the plugin's rollout layer in SGLang's convention: (previous layer's output, residual) in, the
+        # residual add inside the input RMSNorm (layer_step's split_residual); the baseline keeps HF's adds
+        rp = torch.randn(PROMPT, H, device=dev, dtype=dt) * 0.5
+
         def plug_prefill():
             return layer_step(plug, xp, pos_p, inv, sc, kpool, vpool, loc_p, lambda q, s: ops.attention_extend(
                 q, kpool, vpool, cu_seqlens_q=cu_p, prefix_lens=zero, kv_indices=table, table_rows=rows,
-                max_extend_len=PROMPT, softmax_scale=s))
+                max_extend_len=PROMPT, softmax_scale=s), residual=rp, split_residual=True)[0]
 
         cos_p, sin_p = rotary(xp[None], pos_p[None])
+        # the baseline's rollout steps use the same fused QKV / gate_up weights as ours (SGLang's layout)
+        fw = T.rollout_weights(base, dt)
+        nq, nk = fw["q_size"], fw["kv_size"]
+        q_norm = getattr(attn, "q_norm", None)
+        dense = fw["gate_up"] is not None
+
+        def base_rollout(h, cos, sin, kv):
+            """The HF layer's ops in torch (cuDNN SDPA), fused projections; ``kv(k, v)`` -> keys/values
+            the query attends to and whether the mask is causal."""
+            n = h.shape[1]
+            r = h
+            h = base.input_layernorm(h)
+            qkv = F.linear(h, fw["qkv"], fw["qkv_bias"])
+            q = qkv[..., :nq].view(1, n, Hq, D)
+            k = qkv[..., nq:nq + nk].view(1, n, Hkv, D)
+            v = qkv[..., nq + nk:].view(1, n, Hkv, D)
+            if q_norm is not None:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k = apply_rope_hf(q, k, cos, sin)
+            ka, va, causal = kv(k, v)
+            o = F.scaled_dot_product_attention(q, ka, va, scale=attn.scaling, is_causal=causal, enable_gqa=True)
+            h = r + attn.o_proj(o.transpose(1, 2).reshape(1, n, Hq * D))
+            r = h
+            h = base.post_attention_layernorm(h)
+            if dense:
+                g, u = F.linear(h, fw["gate_up"]).chunk(2, dim=-1)
+                m = base.mlp.down_proj(base.mlp.act_fn(g) * u)
+            else:
+                m = base.mlp(h)
+                m = m[0] if isinstance(m, tuple) else m
+            return r + m
 
         def base_prefill_fn(bk):
-            def f():
-                o = base(xp[None], attention_mask=None, position_ids=pos_p[None], position_embeddings=(cos_p, sin_p))
-                return o[0] if isinstance(o, tuple) else o
-
-            return _with_backend(f, bk)
+            return _with_backend(lambda: base_rollout(xp[None], cos_p, sin_p, lambda k, v: (k, v, True)), bk)
 
         # prefill is timed cold only (SGLang does not graph-replay prefill)
         t_pp = _time(plug_prefill, graph=False, errors=errors, tag="plugin.prefill")
@@ -259,36 +323,20 @@ def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT
         seq1 = torch.zeros(1, dtype=torch.int32, device=dev)
         cap = table.shape[1]
 
+        r1 = torch.randn(1, H, device=dev, dtype=dt) * 0.5
+
         def plug_step():
             return layer_step(plug, x1, pos1, inv, sc, kpool, vpool, loc1, lambda q, s: ops.attention_decode(
                 q, kpool, vpool, seq_lens=seq1, kv_indices=table, table_rows=rows, softmax_scale=s,
-                max_context_len=cap))
-
-        q_norm = getattr(attn, "q_norm", None)
+                max_context_len=cap), residual=r1, split_residual=True)[0]
 
         def base_step_fn(c, cos1, sin1, bk):
-            def f():
-                h = x1[None]
-                r = h
-                h = base.input_layernorm(h)
-                q = attn.q_proj(h).view(1, 1, Hq, D)
-                k = attn.k_proj(h).view(1, 1, Hkv, D)
-                v = attn.v_proj(h).view(1, 1, Hkv, D)
-                if q_norm is not None:
-                    q, k = attn.q_norm(q), attn.k_norm(k)
-                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-                q, k = apply_rope_hf(q, k, cos1, sin1)
+            def kv(k, v):
                 kbuf[:, :, c - 1:c].copy_(k)
                 vbuf[:, :, c - 1:c].copy_(v)
-                o = F.scaled_dot_product_attention(q, kbuf[:, :, :c], vbuf[:, :, :c], scale=attn.scaling,
-                                                   enable_gqa=True)
-                h = r + attn.o_proj(o.transpose(1, 2).reshape(1, 1, Hq * D))
-                r = h
-                m = base.mlp(base.post_attention_layernorm(h))
-                m = m[0] if isinstance(m, tuple) else m
-                return r + m
+                return kbuf[:, :, :c], vbuf[:, :, :c], False
 
-            return _with_backend(f, bk)
+            return _with_backend(lambda: base_rollout(x1[None], cos1, sin1, kv), bk)
 
         points = ctx_points or (CTX_POINTS_QUICK if quick else CTX_POINTS)
         ctxs = sorted({PROMPT + p for p in points if p <= max(decodes)})
@@ -313,6 +361,9 @@ def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT
         out["decode_steps"] = dec_rows
         if profile and ctxs:
             out["profile"]["plugin.decode"] = _profile(plug_step)  # at the last sampled context
+            out["profile"]["baseline.decode"] = _profile(bs) if dec_base else []
+        if decode_knobs and ctxs:
+            out["decode_knobs"] = _probe_decode_knobs(plug_step, decode_knobs, errors)
 
     # ---------------- policy update (training) ------------------------------------------------------
     params_p = [p for p in plug.parameters() if p.requires_grad]
@@ -410,6 +461,9 @@ def main(argv=None) -> int:
                     help="also record the top kernels (torch.profiler) of prefill and of a decode step per model")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list from {list(MODELS)}")
     ap.add_argument("--decode", default=",".join(str(d) for d in DECODES), help="response lengths")
+    ap.add_argument("--decode-knobs", default="",
+                    help="comma list of WARPSxSTAGES for the attention decode kernel, re-timed on the plugin "
+                         "decode step at the last context (free knobs; bits compared), e.g. 4x3,8x3")
     args = ap.parse_args(argv)
 
     import torch
@@ -420,6 +474,14 @@ def main(argv=None) -> int:
         print("the layer benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
     decodes = tuple(int(x) for x in args.decode.split(",") if x)
+    try:
+        knobs = [tuple(int(v) for v in k.lower().split("x")) for k in args.decode_knobs.split(",") if k]
+        if any(len(k) != 2 or min(k) < 1 for k in knobs):
+            raise ValueError
+    except ValueError:
+        print(f"--decode-knobs: expected a comma list of WARPSxSTAGES (e.g. 4x3,8x3), got {args.decode_knobs!r}",
+              file=sys.stderr)
+        return 2
     models = [m for m in args.models.split(",") if m]
     impl = loader.get_implementation()
     rec = {"schema": "areal-tik-layer-bench/1", "implementation": impl.name, "source_hash": impl.source_hash,
@@ -431,7 +493,7 @@ def main(argv=None) -> int:
     for m in models:
         t0 = time.time()
         try:
-            r = bench_model(m, args.quick, decodes, profile=args.profile)
+            r = bench_model(m, args.quick, decodes, profile=args.profile, decode_knobs=knobs)
         except Exception as e:
             r = {"model": m, "errors": [f"{type(e).__name__}: {e}"[:500]], "trace": traceback.format_exc()[-2000:],
                  "results": []}

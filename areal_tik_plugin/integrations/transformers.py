@@ -65,9 +65,9 @@ import torch
 # at patch time (require_ops)
 from areal_tik_plugin.ops.attention import _attention_varlen_fast
 from areal_tik_plugin.ops.linear import _linear_fast
-from areal_tik_plugin.ops.norm import _rms_norm_fast
+from areal_tik_plugin.ops.norm import _rms_norm_fast, _rms_norm_residual_fast
 from areal_tik_plugin.ops.rope import _apply_rope_fast
-from areal_tik_plugin.ops.swiglu import _swiglu_fast
+from areal_tik_plugin.ops.swiglu import _swiglu_fast, _swiglu_fused_fast
 
 TIK_ATTENTION = "tik_varlen"
 
@@ -281,6 +281,75 @@ def tik_ffn(mlp, x2d: torch.Tensor) -> torch.Tensor:
     if hasattr(mlp, "experts"):
         return tik_moe(mlp, x2d)[0]
     return tik_mlp(mlp, x2d)
+
+
+def tik_rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, norm) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm(x + residual), x + residual)`` in one kernel (SGLang's fused add + RMSNorm); bitwise
+    the same as ``h = residual + x`` in torch followed by :func:`tik_rms_norm` (``ops.rms_norm_residual``)."""
+    return _rms_norm_residual_fast(x, residual, _as(norm.weight, x.dtype), _eps(norm))
+
+
+# ------------------------------------------------------------------------------------------------
+# rollout-engine weight layout: SGLang loads q/k/v into one QKVParallelLinear and gate/up into one
+# MergedColumnParallelLinear, so a rollout step runs one GEMM for each. The split rule of
+# ops.linear depends on K only, so the fused projections give the same bits per column as the
+# separate ones the training forward runs (checked by the GPU contract suite, "fused vs separate").
+# ------------------------------------------------------------------------------------------------
+def rollout_weights(layer, dtype: torch.dtype) -> dict:
+    """The layer's fused rollout weights in ``dtype``: ``qkv`` [(Hq + 2 Hkv) D, H] (+ ``qkv_bias``),
+    ``gate_up`` [2I, H] for a dense MLP (None for MoE), and the split sizes. Built once and kept on
+    the layer (rebuilt when a source parameter is replaced or updated in place); detached: the rollout
+    path takes no gradients."""
+    attn, mlp = layer.self_attn, layer.mlp
+    projs = [attn.q_proj, attn.k_proj, attn.v_proj]
+    dense = not hasattr(mlp, "experts")
+    srcs = [p.weight for p in projs] + [p.bias for p in projs if p.bias is not None]
+    if dense:
+        srcs += [mlp.gate_proj.weight, mlp.up_proj.weight]
+    key = (dtype,) + tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in srcs)
+    got = layer.__dict__.get("_tik_rollout")
+    if got is not None and got["key"] == key:
+        return got
+    with torch.no_grad():
+        cat = lambda ts: torch.cat([t.detach().to(dtype) for t in ts], 0).contiguous()  # noqa: E731
+        biases = [p.bias for p in projs]
+        got = {
+            "key": key,
+            "qkv": cat([p.weight for p in projs]),
+            "qkv_bias": cat(biases) if all(b is not None for b in biases) else None,
+            "q_size": projs[0].weight.shape[0], "kv_size": projs[1].weight.shape[0],
+            "gate_up": cat([mlp.gate_proj.weight, mlp.up_proj.weight]) if dense else None,
+        }
+    if any(b is not None for b in biases) and got["qkv_bias"] is None:
+        raise NotImplementedError("q/k/v projections with a bias on some but not all of them")
+    layer.__dict__["_tik_rollout"] = got
+    return got
+
+
+def tik_qkv_rollout(attn, x2d: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                    attention_scaling: float, fused: dict):
+    """:func:`tik_qkv` with the fused QKV weight of :func:`rollout_weights` (one GEMM); q, k, v as
+    there (v a strided view of the GEMM output)."""
+    T, D = x2d.shape[0], attn.head_dim
+    qkv = _linear_fast(x2d, fused["qkv"], fused["qkv_bias"])
+    nq, nk = fused["q_size"], fused["kv_size"]
+    q = qkv[:, :nq].view(T, -1, D)
+    k = qkv[:, nq:nq + nk].view(T, -1, D)
+    v = qkv[:, nq + nk:].view(T, -1, D)
+    q_norm = getattr(attn, "q_norm", None)
+    if q_norm is not None:
+        q = tik_rms_norm(q, q_norm)
+        k = tik_rms_norm(k, attn.k_norm)
+    q, k = _apply_rope_fast(q, k, positions, inv_freq, attention_scaling)
+    return q, k, v
+
+
+def tik_ffn_rollout(mlp, x2d: torch.Tensor, fused: dict) -> torch.Tensor:
+    """:func:`tik_ffn` with the fused gate_up weight of :func:`rollout_weights` (one GEMM +
+    ``ops.swiglu_fused``, SGLang's ``SiluAndMul`` layout); MoE blocks as in :func:`tik_ffn`."""
+    if fused["gate_up"] is None:
+        return tik_moe(mlp, x2d)[0]
+    return tik_linear(_swiglu_fused_fast(_linear_fast(x2d, fused["gate_up"])), mlp.down_proj)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -314,6 +314,18 @@ def _attn_decode_kernel(
 
 
 @triton.jit
+def _ws_state(WS_ACC, WS_ML, wb, s, n_splits, ws_stride_s, h_ok, offs_d, D: tl.constexpr):
+    """Split ``s``'s partial state (m, l, acc) from the decode workspace; neutral fill past n_splits
+    (never merged)."""
+    ok = h_ok & (s < n_splits)
+    w = wb + s * ws_stride_s
+    m_s = tl.load(WS_ML + w * 2, mask=ok, other=0.0)
+    l_s = tl.load(WS_ML + w * 2 + 1, mask=ok, other=1.0)
+    acc_s = tl.load(WS_ACC + w[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
+    return m_s, l_s, acc_s
+
+
+@triton.jit
 def _attn_decode_merge_kernel(
     O, WS_ACC, WS_ML, seq_lens,
     stride_ob, stride_oh, ws_stride_b, ws_stride_h, ws_stride_s,
@@ -332,11 +344,20 @@ def _attn_decode_merge_kernel(
     M = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     L = tl.zeros((BLOCK_H,), tl.float32)
     ACC = tl.zeros((BLOCK_H, D), tl.float32)
+    # Split states are loaded four splits ahead of the merge that uses them (a register
+    # ring; Triton does not pipeline loads that feed no dot), so the ordered merge chain waits for
+    # one workspace read at the start instead of one per split. Same merges in the same order.
+    wb = b.to(tl.int64) * ws_stride_b + heads * ws_stride_h
+    m0, l0, a0 = _ws_state(WS_ACC, WS_ML, wb, 0, n_splits, ws_stride_s, h_ok, offs_d, D)
+    m1, l1, a1 = _ws_state(WS_ACC, WS_ML, wb, 1, n_splits, ws_stride_s, h_ok, offs_d, D)
+    m2, l2, a2 = _ws_state(WS_ACC, WS_ML, wb, 2, n_splits, ws_stride_s, h_ok, offs_d, D)
+    m3, l3, a3 = _ws_state(WS_ACC, WS_ML, wb, 3, n_splits, ws_stride_s, h_ok, offs_d, D)
     for s in range(0, n_splits):
-        wbase = b.to(tl.int64) * ws_stride_b + heads * ws_stride_h + s * ws_stride_s
-        m_s = tl.load(WS_ML + wbase * 2, mask=h_ok, other=0.0)
-        l_s = tl.load(WS_ML + wbase * 2 + 1, mask=h_ok, other=1.0)
-        acc_s = tl.load(WS_ACC + wbase[:, None] * D + offs_d[None, :], mask=h_ok[:, None], other=0.0)
+        m_s, l_s, acc_s = m0, l0, a0
+        m0, l0, a0 = m1, l1, a1
+        m1, l1, a1 = m2, l2, a2
+        m2, l2, a2 = m3, l3, a3
+        m3, l3, a3 = _ws_state(WS_ACC, WS_ML, wb, s + 4, n_splits, ws_stride_s, h_ok, offs_d, D)
         M, L, ACC = _merge(M, L, ACC, m_s, l_s, acc_s)
     out = ACC / L[:, None]
     tl.store(O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],

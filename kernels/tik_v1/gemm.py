@@ -90,6 +90,12 @@ SPLIT_SMALL_MID = (64, 4)  # (BLOCK_N, num_stages)
 # 13.5 us fused flat 32 / 8 vs 15.9 us partial 64 / 4; cuBLAS 9.8 us). Not yet GPU-checked as a rule.
 SPLIT_FUSED_MAX_CHUNKS = 2
 SPLIT_FUSED_MID = (32, 8)
+# ... and at M <= SPLIT_SMALL_MID_M the same weights take the fused flat path (BLOCK_N, stages) =
+# SPLIT_FUSED_SMALL when it still gives >= SPLIT_FUSED_SMALL_MIN_PROGRAMS_PER_SM programs per SM: no
+# workspace, no reduce launch (session-13 sweep, M=1: Qwen3-8B gate_up 57.3 vs 62.5 us partial, qkv
+# 17.8 vs 18.0; narrower N keeps the partial path: 8B o 128 programs 13.4 vs 12.8 us, 4B o 13.0 vs 11.5).
+SPLIT_FUSED_SMALL = (32, 12)
+SPLIT_FUSED_SMALL_MIN_PROGRAMS_PER_SM = 1.0
 # Split weight, M <= SPLIT_PARTIAL_MAX_M: chunk partials in separate programs (tiles x chunks) + an
 # ordered reduction kernel; larger M: both accumulators in one program ("fused"), whose program count
 # equals the unsplit kernel's. SPLIT_FLAT: the fused path runs one pipelined K loop and adds the
@@ -120,6 +126,8 @@ KNOBS = {
         "SPLIT_SMALL_MID": ((32, 8), (64, 4), (128, 4), (128, 8)),
         "SPLIT_FUSED_MAX_CHUNKS": (1, 2, 3),
         "SPLIT_FUSED_MID": ((32, 8), (32, 4), (64, 4)),
+        "SPLIT_FUSED_SMALL": ((32, 4), (32, 8), (32, 12), (16, 8)),
+        "SPLIT_FUSED_SMALL_MIN_PROGRAMS_PER_SM": (0.5, 1.0, 2.0, 1e9),
         "SPLIT_PARTIAL_MAX_M": (1, 16, 32, 64),
         "SPLIT_FLAT": (False, True),
         "GROUP_M": (1, 4, 8, 16),
@@ -365,10 +373,14 @@ def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
         bm = next(b for max_m, b in SMALL_M_TABLE if M <= max_m)
         bn = SMALL_M_BLOCK_N[-1]
         partial = M <= SPLIT_PARTIAL_MAX_M
+        few_chunks = split_chunk(K) < K and _cdiv(K, split_chunk(K)) <= SPLIT_FUSED_MAX_CHUNKS
         if partial and M > SPLIT_SMALL_MID_M and split_chunk(K) < K:
-            if _cdiv(K, split_chunk(K)) <= SPLIT_FUSED_MAX_CHUNKS:
+            if few_chunks:
                 return _small_config(bm, SPLIT_FUSED_MID[0], split="fused", flat=True, stages=SPLIT_FUSED_MID[1])
             return _small_config(bm, SPLIT_SMALL_MID[0], split="partial", stages=SPLIT_SMALL_MID[1])
+        if (partial and few_chunks
+                and _cdiv(N, SPLIT_FUSED_SMALL[0]) >= SPLIT_FUSED_SMALL_MIN_PROGRAMS_PER_SM * num_sms):
+            return _small_config(bm, SPLIT_FUSED_SMALL[0], split="fused", flat=True, stages=SPLIT_FUSED_SMALL[1])
         chunks = _cdiv(K, split_chunk(K)) if partial else 1  # the partial path runs tiles x chunks programs
         for cand in SMALL_M_BLOCK_N:
             if _cdiv(N, cand) * chunks >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
@@ -420,6 +432,8 @@ def all_configs() -> list[dict]:
             if max_m > SPLIT_SMALL_MID_M]
     out += [_small_config(bm, SPLIT_FUSED_MID[0], split="fused", flat=True, stages=SPLIT_FUSED_MID[1])
             for max_m, bm in SMALL_M_TABLE if max_m > SPLIT_SMALL_MID_M]
+    out += [_small_config(bm, SPLIT_FUSED_SMALL[0], split="fused", flat=True, stages=SPLIT_FUSED_SMALL[1])
+            for max_m, bm in SMALL_M_TABLE if max_m <= SPLIT_SMALL_MID_M]
     out += [_large_config(bm, bn, w, st, split_weight=True) for bm, bn, w, st in LARGE_M_SPLIT_TILES]
     return out
 
