@@ -122,13 +122,18 @@ def main(argv=None) -> int:
                                     sig, consts, [3, 5, 6], opts)
             if not fused:
                 chunk, n_chunks = splits[1]
-                for even_k in (True, False):
+                for even_k, last, has_bias in ((True, False, False), (False, False, False), (True, True, False),
+                                               (True, True, True), (False, True, True)):
                     sig = {"X": f"*{dt}", "W": f"*{dt}", "P": "*fp32", "M": "i32", "N": "i32", "K": "i32",
                            "stride_xm": "i32", "stride_wn": "i32", "EVEN_K": "constexpr", "BLOCK_M": "constexpr",
-                           "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "GROUP": "constexpr", "CHUNK_K": "constexpr"}
-                    consts = dict(EVEN_K=even_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], CHUNK_K=chunk)
-                    compile_one(f"linear_partial/{dt}/{cfg['name']}/e{int(even_k)}", gemm._linear_partial_kernel,
-                                sig, consts, [0, 1, 2, 4, 6, 7], opts)
+                           "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "GROUP": "constexpr", "CHUNK_K": "constexpr",
+                           "Bias": f"*{dt}", "Y": f"*{dt}", "stride_ym": "i32", "CNT": "*i32",
+                           "HAS_BIAS": "constexpr", "N_CHUNKS": "constexpr", "LAST_REDUCES": "constexpr"}
+                    consts = dict(EVEN_K=even_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], CHUNK_K=chunk,
+                                  HAS_BIAS=has_bias, N_CHUNKS=n_chunks, LAST_REDUCES=last)
+                    compile_one(f"linear_partial/{dt}/{cfg['name']}/e{int(even_k)}{'/last' if last else ''}"
+                                f"{'/bias' if has_bias else ''}", gemm._linear_partial_kernel,
+                                sig, consts, [0, 1, 2, 4, 6, 7, 14, 15, 16, 17], opts)
         for has_bias in (False, True):
             sig = {"P": "*fp32", "Bias": f"*{dt}", "Y": f"*{dt}", "M": "i32", "N": "i32", "stride_ym": "i32",
                    "HAS_BIAS": "constexpr", "N_CHUNKS": "constexpr", "BLOCK": "constexpr"}

@@ -217,9 +217,30 @@ def test_split_every_config_and_path_same_bits():
         x, w, b = _data(70, K, N, torch.bfloat16, seed=5, bias=bias)
         ref = gemm.linear(x, w, b)
         for cfg in gemm.all_configs():
-            for split, flat in (("partial", False), ("fused", False), ("fused", True)):
-                got = gemm.linear(x, w, b, config={**cfg, "split": split, "flat": flat})
-                _assert_bits(got, ref, f"{cfg['name']} {split} flat={flat} bias={bias}")
+            for split, flat, last in (("partial", False, True), ("partial", False, False), ("fused", False, True),
+                                      ("fused", True, True)):
+                got = gemm.linear(x, w, b, config={**cfg, "split": split, "flat": flat, "reduce_in_last": last})
+                _assert_bits(got, ref, f"{cfg['name']} {split} flat={flat} reduce_in_last={last} bias={bias}")
+
+
+def test_split_reduce_in_last_program_resets_its_tickets():
+    """The small-M split reduces in the last chunk program of each tile (atomic ticket): the tickets
+    are back at 0 after a call, so repeated calls keep giving the separate-reduce kernel's bits."""
+    gemm = get_implementation().module("gemm")
+    K, N = SPLIT_SHAPES[0]
+    x, w, b = _data(3, K, N, torch.bfloat16, seed=6, bias=True)
+    cfg = gemm.config_for(3, N, K, cpu=True)
+    assert cfg["split"] == "partial"
+    two = gemm.linear(x, w, b, config={**cfg, "reduce_in_last": False})
+    cnt = torch.zeros(64, dtype=torch.int32)
+    orig = gemm._tile_counters
+    gemm._tile_counters = lambda device, n: cnt
+    try:
+        for _ in range(3):
+            _assert_bits(gemm.linear(x, w, b, config={**cfg, "reduce_in_last": True}), two, "reduce in last")
+            assert not cnt.any()
+    finally:
+        gemm._tile_counters = orig
 
 
 def test_split_differs_from_one_chain_and_is_accurate(monkeypatch):

@@ -122,6 +122,9 @@ def _check_all_configs(rec, tag, N, K, has_bias, M=300):
         if split:  # a split weight: the other path (workspace + ordered reduce vs registers) too
             other = "fused" if cfg.get("split") == "partial" else "partial"
             rec.bitwise(f"config[{tag}/{cfg['name']}/{other}]", gemm.linear(x, w, b, config=dict(cfg, split=other)), ref)
+            for last in (False, True):  # the ordered reduce in a second kernel / in each tile's last program
+                rec.bitwise(f"config[{tag}/{cfg['name']}/partial/reduce_in_last={last}]",
+                            gemm.linear(x, w, b, config=dict(cfg, split="partial", reduce_in_last=last)), ref)
             flat = not cfg.get("flat", False)  # the fused path's other loop form (one flat loop / one per chunk)
             rec.bitwise(f"config[{tag}/{cfg['name']}/fused_flat={flat}]",
                         gemm.linear(x, w, b, config=dict(cfg, split="fused", flat=flat)), ref)
@@ -129,6 +132,9 @@ def _check_all_configs(rec, tag, N, K, has_bias, M=300):
     for cfg in gemm.all_configs():
         if cfg["name"].startswith("small"):
             rec.bitwise(f"config_row[{tag}/{cfg['name']}]", gemm.linear(x[5:6], w, b, config=cfg), ref[5:6])
+    if split:  # repeated small-M calls reuse the tile tickets (reset by the reducing program)
+        for i in range(3):
+            rec.bitwise(f"config_row[{tag}/repeat{i}]", gemm.linear(x[7:9], w, b), ref[7:9])
 
 
 def _check_config_coverage(rec):

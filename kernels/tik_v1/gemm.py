@@ -130,6 +130,7 @@ KNOBS = {
         "SPLIT_FUSED_SMALL_MIN_PROGRAMS_PER_SM": (0.5, 1.0, 2.0, 1e9),
         "SPLIT_PARTIAL_MAX_M": (1, 16, 32, 64),
         "SPLIT_FLAT": (False, True),
+        "SPLIT_REDUCE_IN_LAST": (False, True),
         "GROUP_M": (1, 4, 8, 16),
         "USE_TMA": (False, True),
     },
@@ -307,16 +308,36 @@ def _linear_partial_kernel(
     X, W, P, M, N, K, stride_xm, stride_wn,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP: tl.constexpr, CHUNK_K: tl.constexpr,
+    Bias=None, Y=None, stride_ym=0, CNT=None,
+    HAS_BIAS: tl.constexpr = False, N_CHUNKS: tl.constexpr = 1, LAST_REDUCES: tl.constexpr = False,
 ):
-    """Split weight, small M: program (tile, c) writes chunk c's partial to P[c, M, N] (fp32)."""
+    """Split weight, small M: program (tile, c) writes chunk c's partial to P[c, M, N] (fp32).
+
+    ``LAST_REDUCES``: the tile's last chunk program to finish (an atomic ticket in CNT[tile]) also
+    runs the ordered reduction of :func:`_linear_reduce_kernel` for its tile -- the same additions
+    in the same order, without a second launch -- and resets CNT[tile] to 0 for the next call."""
     c = tl.program_id(1)
-    offs_m, offs_n, offs_k, m_ok, rn = _ptr_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
+    tile = tl.program_id(0)
+    offs_m, offs_n, offs_k, m_ok, rn = _ptr_tile(tile, M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
     k_lo = c * CHUNK_K
     k_hi = tl.minimum(k_lo + CHUNK_K, K)
     part = _chunk_chain_ptr(X + offs_m.to(tl.int64)[:, None] * stride_xm, W + rn[:, None] * stride_wn, m_ok,
                             offs_k, k_lo, k_hi, K, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
-    p_ptrs = P + (c.to(tl.int64) * M + offs_m.to(tl.int64)[:, None]) * N + offs_n[None, :]
-    tl.store(p_ptrs, part, mask=m_ok & (offs_n[None, :] < N))
+    mn_ok = m_ok & (offs_n[None, :] < N)
+    p_rows = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    tl.store(P + c.to(tl.int64) * M * N + p_rows, part, mask=mn_ok)
+    if LAST_REDUCES:
+        tl.debug_barrier()  # every thread's partial is stored before the ticket is taken (release)
+        ticket = tl.atomic_add(CNT + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == N_CHUNKS - 1:  # all chunks of this tile are in P (acquire): reduce in chunk order
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for cc in range(N_CHUNKS):
+                acc = acc + tl.load(P + cc * M.to(tl.int64) * N + p_rows, mask=mn_ok, other=0.0,
+                                    cache_modifier=".cg")
+            acc = _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS)
+            tl.store(Y + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty),
+                     mask=mn_ok)
+            tl.atomic_xchg(CNT + tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -455,6 +476,24 @@ def split_chunk(K: int) -> int:
 
 
 REDUCE_BLOCK = 1024      # free: elements per program of the small-M split reduction
+# free: the small-M split's ordered reduction runs in the last chunk program of each tile (atomic
+# ticket, no second launch) instead of in _linear_reduce_kernel; same additions, same order
+SPLIT_REDUCE_IN_LAST = True
+_TILE_COUNTERS: dict = {}
+
+
+def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 tickets for ``n`` tiles, one buffer per (device, stream): the kernels reset the
+    tickets they use, so the buffer is reused by every later call (and CUDA-graph replay) on that
+    stream; GEMMs on two streams never share tickets."""
+    if device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    buf = _TILE_COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 8192), dtype=torch.int32, device=device)
+        _TILE_COUNTERS[key] = buf
+    return buf
 
 
 def _tma_ok(*tensors) -> bool:
@@ -491,15 +530,19 @@ def linear(x, weight, bias=None, config=None, out=None):
     if n_chunks > 1 and cfg.get("split", "partial" if bm <= SMALL_M_TABLE[-1][1] else "fused") == "partial":
         # small M: chunk partials in separate programs (tiles x chunks), then the ordered reduction
         part = torch.empty((n_chunks, M, N), device=x.device, dtype=torch.float32)
+        last = bool(cfg.get("reduce_in_last", SPLIT_REDUCE_IN_LAST))
+        fused = dict(Bias=b, Y=y, stride_ym=y.stride(0), CNT=_tile_counters(x.device, grid[0]), HAS_BIAS=has_bias,
+                     N_CHUNKS=n_chunks, LAST_REDUCES=True) if last else {}
         _linear_partial_kernel[(grid[0], n_chunks)](
             x, weight, part, M, N, K, x.stride(0), weight.stride(0),
             EVEN_K=(K % bk == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], CHUNK_K=chunk,
-            **_launch_opts(cfg),
+            **fused, **_launch_opts(cfg),
         )
-        _linear_reduce_kernel[(_cdiv(M * N, REDUCE_BLOCK),)](
-            part, b, y, M, N, y.stride(0), HAS_BIAS=has_bias, N_CHUNKS=n_chunks, BLOCK=REDUCE_BLOCK,
-            **_launch_opts({"num_warps": 4, "num_stages": 1}),
-        )
+        if not last:
+            _linear_reduce_kernel[(_cdiv(M * N, REDUCE_BLOCK),)](
+                part, b, y, M, N, y.stride(0), HAS_BIAS=has_bias, N_CHUNKS=n_chunks, BLOCK=REDUCE_BLOCK,
+                **_launch_opts({"num_warps": 4, "num_stages": 1}),
+            )
     elif cfg["tma"] and _tma_ok(x, weight, y):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
