@@ -117,17 +117,17 @@ def layer_step(layer, h, positions, inv_freq, rope_scaling, k_cache, v_cache, lo
 
     One GEMM for the fused QKV weight and one for the fused gate_up weight
     (:func:`~areal_tik_plugin.integrations.transformers.rollout_weights`), the residual adds fused into
-    the RMSNorms (``ops.rms_norm_residual``), K/V of the T tokens written at pool slots ``loc``
-    (``ops.kv_write``), then ``attend(q, scale)`` (extend or decode over the pool) gives the attention
-    output [T, Hq, D]. The ops are those of the tik-patched HF forward (separate projections, residual
-    adds in torch); the contract makes both give the same bits. No gradients.
+    the RMSNorms (``ops.rms_norm_residual``), q/k norm in one launch and RoPE writing K/V of the T
+    tokens at pool slots ``loc`` (``ops.qk_rms_norm``, ``ops.apply_rope_kv_write``), then
+    ``attend(q, scale)`` (extend or decode over the pool) gives the attention output [T, Hq, D]. The
+    ops are those of the tik-patched HF forward (separate projections and norms, RoPE, residual adds
+    in torch); the contract makes both give the same bits. No gradients.
 
     ``split_residual=True`` is SGLang's layer convention: the layer returns ``(mlp_out, residual)``
     (their sum is the HF layer output) and the next layer takes them as ``h, residual``, adding them
     inside its input RMSNorm; ``residual=None`` means ``h`` is the whole hidden state (first layer).
     """
     from areal_tik_plugin.integrations import transformers as T
-    from areal_tik_plugin.ops.kv_write import _kv_write_fast  # ops.kv_write, checks memoized per signature
 
     attn = layer.self_attn
     fused = T.rollout_weights(layer, h.dtype)
@@ -137,8 +137,7 @@ def layer_step(layer, h, positions, inv_freq, rope_scaling, k_cache, v_cache, lo
         x = T.tik_rms_norm(h, layer.input_layernorm)
     else:
         x, residual = T.tik_rms_norm_residual(h, residual, layer.input_layernorm)
-    q, k, v = T.tik_qkv_rollout(attn, x, positions, inv_freq, rope_scaling, fused)
-    _kv_write_fast(k_cache, v_cache, loc, k, v)
+    q = T.tik_qkv_rollout(attn, x, positions, inv_freq, rope_scaling, fused, k_cache, v_cache, loc)
     o = attend(q, attn.scaling)
     x, h = T.tik_rms_norm_residual(T.tik_linear(o.reshape(n, -1), attn.o_proj), residual,
                                    layer.post_attention_layernorm)

@@ -80,8 +80,8 @@ def compile_record(kernel, args, kw):
     dns = set(kernel.do_not_specialize or [])
     sig, constexprs, attrs = {}, {}, {}
     for i, p in enumerate(kernel.params):
-        v = values[p.name]
-        if p.is_constexpr:
+        v = values[p.name] if p.name in values else p.default  # a parameter left at its default
+        if p.is_constexpr or v is None:  # None (an unused optional pointer) is a constexpr in Triton
             sig[p.name] = "constexpr"
             constexprs[p.name] = v
         elif isinstance(v, torch.Tensor):
@@ -155,6 +155,8 @@ def main(argv=None) -> int:
             "row stride H+8": lambda: rms.forward(torch.empty(17, H + 8, dtype=bf16)[:, :H], w, 1e-6),
             "fused residual": lambda: rms.forward(torch.empty(17, H, dtype=bf16), w, 1e-6,
                                                   residual=torch.empty(17, H, dtype=bf16)),
+            "two weights (q/k heads)": lambda: rms.forward_two_weights(
+                torch.empty(17, 48, H, dtype=bf16)[:, :40], w, w, 32, 1e-6),
         }.items():
             outs = compile_all(f"rmsnorm H={H} {label}", fn)
             for name, c in outs:
@@ -175,6 +177,9 @@ def main(argv=None) -> int:
         q = torch.empty(5, hq + 2 * hkv, D, dtype=bf16)
         inv = torch.empty(half, dtype=torch.float32)
         compile_all(f"rope {hq}/{hkv}/{D}", lambda: rope.forward(q[:, :hq], q[:, hq:hq + hkv], torch.zeros(5, dtype=torch.int64), inv, 1.0))
+        compile_all(f"rope.forward_kv_write {hq}/{hkv}/{D}", lambda: rope.forward_kv_write(
+            q[:, :hq], q[:, hq:hq + hkv], q[:, hq + hkv:], torch.zeros(5, dtype=torch.int64), inv, 1.0,
+            torch.empty(9, hkv, D, dtype=bf16), torch.empty(9, hkv, D, dtype=bf16), torch.zeros(5, dtype=torch.int64)))
         compile_all(f"rope.backward {hq}/{hkv}/{D}", lambda: rope.backward(
             torch.empty(5, hq, D, dtype=bf16), torch.empty(5, hkv, D, dtype=bf16), torch.zeros(5, dtype=torch.int32), inv, 1.0))
 

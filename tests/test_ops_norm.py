@@ -196,3 +196,45 @@ def test_empty():
     assert ops.rms_norm(torch.empty(0, 64, dtype=torch.bfloat16), w, EPS).shape == (0, 64)
     y, nr = ops.rms_norm_residual(torch.empty(0, 64, dtype=torch.bfloat16), torch.empty(0, 64, dtype=torch.bfloat16), w, EPS)
     assert y.shape == nr.shape == (0, 64)
+
+
+# ---- q/k norm in one launch (rollout) ------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T,Hq,Hkv,D", [(1, 4, 2, 64), (13, 5, 3, 64), (7, 8, 1, 128)])
+def test_qk_rms_norm_bitwise_equals_two_norms(dtype, T, Hq, Hkv, D):
+    from areal_tik_plugin.ops.norm import _qk_rms_norm_fast
+
+    qkv = rand(T, (Hq + 2 * Hkv) * D, dtype=dtype, scale=2.0, seed=T + Hq)  # a fused QKV output
+    qk = qkv[:, :(Hq + Hkv) * D].view(T, Hq + Hkv, D)                       # strided view, read in place
+    wq = (1 + 0.3 * rand(D, seed=1, dtype=torch.float32)).to(dtype)
+    wk = (1 + 0.3 * rand(D, seed=2, dtype=torch.float32)).to(dtype)
+    ref = torch.cat([ops.rms_norm(qk[:, :Hq], wq, EPS), ops.rms_norm(qk[:, Hq:], wk, EPS)], 1)
+    for fn in (ops.qk_rms_norm, _qk_rms_norm_fast):
+        y = fn(qk, wq, wk, Hq, EPS)
+        assert y.shape == qk.shape and y.is_contiguous()
+        assert_bitwise(y, ref)
+    # one token alone == the same token inside the batch
+    assert_bitwise(ops.qk_rms_norm(qk[T - 1:], wq, wk, Hq, EPS), ref[T - 1:])
+
+
+def test_qk_rms_norm_bad_inputs():
+    from areal_tik_plugin.ops.norm import _qk_rms_norm_fast
+
+    qk = rand(3, 6, 64, dtype=torch.bfloat16)
+    w = torch.ones(64, dtype=torch.bfloat16)
+    for fn in (ops.qk_rms_norm, _qk_rms_norm_fast):
+        with pytest.raises(ValueError, match="num_q_heads"):
+            fn(qk, w, w, 0, EPS)
+        with pytest.raises(ValueError, match="num_q_heads"):
+            fn(qk, w, w, 7, EPS)
+        with pytest.raises(ValueError, match="weight"):
+            fn(qk, w, torch.ones(32, dtype=torch.bfloat16), 4, EPS)
+        with pytest.raises(ValueError, match="qk"):
+            fn(qk[0], w, w, 4, EPS)
+        with pytest.raises(ValueError, match="eps"):
+            fn(qk, w, w, 4, -1.0)
+    with pytest.raises(ValueError, match="grad"):
+        _qk_rms_norm_fast(qk.clone().requires_grad_(), w, w, 4, EPS)
+    _qk_rms_norm_fast(qk, w, w, 4, EPS)  # memoized signature: the grad check still runs
+    with pytest.raises(ValueError, match="grad"):
+        _qk_rms_norm_fast(qk.clone().requires_grad_(), w, w, 4, EPS)

@@ -160,3 +160,53 @@ def test_bad_inputs():
         ops.apply_rope(q, k, pos, inv_freq(128))
     with pytest.raises(ValueError, match="attention_scaling"):
         ops.apply_rope(q, k, pos, inv, attention_scaling=0.0)
+
+
+# ---- RoPE + KV-pool write in one launch (rollout) -------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T,Hq,Hkv,D,R", [(1, 4, 2, 128, 128), (13, 5, 3, 64, 64), (9, 2, 2, 96, 48)])
+def test_rope_kv_write_bitwise_equals_rope_then_kv_write(dtype, T, Hq, Hkv, D, R):
+    from areal_tik_plugin.ops.rope import _apply_rope_kv_write_fast
+
+    qkv = rand(T, (Hq + 2 * Hkv) * D, dtype=dtype, seed=T + D)       # strided views of a fused output
+    q = qkv[:, :Hq * D].view(T, Hq, D)
+    k = qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D)
+    v = qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D)
+    g = torch.Generator().manual_seed(T)
+    pos = torch.randint(0, 40000, (T,), generator=g)
+    loc = torch.randperm(3 * T + 5, generator=g)[:T]
+    inv = inv_freq(R)
+    qr, kr = ops.apply_rope(q, k, pos, inv, 0.9)
+    base = torch.randn(3 * T + 5, Hkv, D, generator=g).to(dtype)
+    ref_k, ref_v = base.clone(), base * 2
+    ops.kv_write(ref_k, ref_v, loc, kr, v)
+    for i, fn in enumerate((ops.apply_rope_kv_write, _apply_rope_kv_write_fast, _apply_rope_kv_write_fast)):
+        kc, vc = base.clone(), base * 2
+        qo = fn(q, k, v, pos, inv, 0.9, kc, vc, loc)
+        assert qo.is_contiguous()
+        assert_bitwise(qo, qr, f"q ({i})")
+        assert_bitwise(kc, ref_k, f"k pool ({i})")  # written rows rotated, every other slot untouched
+        assert_bitwise(vc, ref_v, f"v pool ({i})")
+
+
+def test_rope_kv_write_bad_inputs():
+    from areal_tik_plugin.ops.rope import _apply_rope_kv_write_fast
+
+    T, Hq, Hkv, D = 3, 4, 2, 64
+    q, k = qk(T, Hq, Hkv, D)
+    v = rand(T, Hkv, D)
+    kc, vc = torch.zeros(8, Hkv, D, dtype=torch.bfloat16), torch.zeros(8, Hkv, D, dtype=torch.bfloat16)
+    pos, loc, inv = torch.arange(T), torch.tensor([1, 2, 3]), inv_freq(D)
+    for fn in (ops.apply_rope_kv_write, _apply_rope_kv_write_fast):
+        with pytest.raises(ValueError, match="k: expected a tensor"):
+            fn(q, None, v, pos, inv, 1.0, kc, vc, loc)
+        with pytest.raises(ValueError, match="loc"):
+            fn(q, k, v, pos, inv, 1.0, kc, vc, torch.tensor([1, 2, 8]))
+        with pytest.raises(ValueError, match="v"):
+            fn(q, k, v[:, :1], pos, inv, 1.0, kc, vc, loc)
+        with pytest.raises(ValueError, match="k: expected dtype"):  # caches in another dtype than q/k
+            fn(q, k, v, pos, inv, 1.0, kc.float(), vc.float(), loc)
+        with pytest.raises(ValueError, match="positions"):
+            fn(q, k, v, pos - 5, inv, 1.0, kc, vc, loc)
+        with pytest.raises(ValueError, match="grad"):
+            fn(q.clone().requires_grad_(), k, v, pos, inv, 1.0, kc, vc, loc)

@@ -15,7 +15,7 @@ import torch
 
 from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, graph_vs_eager, liger,
                                           rand, ratio, rel_l2, row_slices, shuffled_rows, tbps, timed)
-from areal_tik_plugin.ops import rms_norm, rms_norm_residual
+from areal_tik_plugin.ops import qk_rms_norm, rms_norm, rms_norm_residual
 
 N_FULL = 16384   # rows of the full-sequence call
 N_QK = 4096      # tokens of the per-head norm checks
@@ -83,6 +83,13 @@ def _check_qk_norm(rec, tag, hq, hkv, d, eps):
         rec.bitwise(f"knorm_tokens[{tag}/{t}]", rms_norm(k[sl], wk, eps), yk[sl])
     yref = _ref(q.float(), wq, eps)
     rec.close(f"qnorm_accuracy[{tag}]", yq, yref, atol=TOL[torch.bfloat16][0], rtol=TOL[torch.bfloat16][1])
+    # q_norm + k_norm in one launch (rollout) over the adjacent q and k heads == the two calls
+    qk = qkv[:, :(hq + hkv) * d].view(T, hq + hkv, d)
+    y2 = qk_rms_norm(qk, wq, wk, hq, eps)
+    rec.bitwise(f"qk_one_launch_q[{tag}]", y2[:, :hq], yq)
+    rec.bitwise(f"qk_one_launch_k[{tag}]", y2[:, hq:], yk)
+    for t, sl in row_slices(T, (1, 7)):
+        rec.bitwise(f"qk_one_launch_tokens[{tag}/{t}]", qk_rms_norm(qk[sl], wq, wk, hq, eps), y2[sl])
 
 
 def _check_graph(rec, H, eps):

@@ -14,7 +14,7 @@ import torch
 
 from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, graph_vs_eager, liger,
                                           rand, ratio, rel_l2, row_slices, shuffled_rows, tbps, timed)
-from areal_tik_plugin.ops import apply_rope
+from areal_tik_plugin.ops import apply_rope, apply_rope_kv_write
 
 N_FULL = 16384   # tokens of the full-sequence call
 N_ACC = 4096     # tokens of the accuracy / free-knob checks
@@ -166,11 +166,37 @@ def _check_backward(rec, hq, hkv, d, theta):
             rec.check(f"grad_{name}[{hq}/{hkv}/{str(dtype)[6:]}]", rel < TOL_GRAD[dtype], rel_l2=rel)
 
 
+def _check_kv_write(rec, tag, hq, hkv, d, theta):
+    """RoPE + KV-pool write in one launch (rollout) == apply_rope then kv_write, on strided views of a
+    fused QKV output, scattered slots, odd token counts."""
+    from areal_tik_plugin.ops import kv_write
+
+    inv = _inv_freq(d, theta)
+    for T in (1, 7, 1000):
+        qkv = rand(T, (hq + 2 * hkv) * d, seed=T)
+        q = qkv[:, :hq * d].view(T, hq, d)
+        k = qkv[:, hq * d:(hq + hkv) * d].view(T, hkv, d)
+        v = qkv[:, (hq + hkv) * d:].view(T, hkv, d)
+        pos = _packed_positions(T, seed=T)
+        slots = 2 * T + 3
+        loc = torch.randperm(slots, device=DEV)[:T]
+        base = rand(slots, hkv, d, seed=T + 1)
+        rk, rv = base.clone(), base.clone()
+        qr, kr = apply_rope(q, k, pos, inv)
+        kv_write(rk, rv, loc, kr, v)
+        kc, vc = base.clone(), base.clone()
+        qo = apply_rope_kv_write(q, k, v, pos, inv, 1.0, kc, vc, loc)
+        rec.bitwise(f"kv_write_q[{tag}/T{T}]", qo, qr)
+        rec.bitwise(f"kv_write_kpool[{tag}/T{T}]", kc, rk)
+        rec.bitwise(f"kv_write_vpool[{tag}/T{T}]", vc, rv)
+
+
 def run_checks(rec, quick: bool = False) -> None:
     torch.manual_seed(0)
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
     for name, cfg in models:
         hq, hkv, d, theta = cfg["hq"], cfg["hkv"], cfg["d"], cfg["theta"]
+        rec.run(f"kv_write[{name}]", _check_kv_write, rec, name, hq, hkv, d, theta)
         for dtype in ((torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)):
             rec.run(f"rows[{name}/{str(dtype)[6:]}]", _check_rows, rec, f"{name}/{str(dtype)[6:]}", hq, hkv, d, theta, dtype)
         rec.run(f"free_knobs[{name}]", _check_free_knobs, rec, hq, hkv, d, theta)

@@ -65,8 +65,8 @@ import torch
 # at patch time (require_ops)
 from areal_tik_plugin.ops.attention import _attention_varlen_fast
 from areal_tik_plugin.ops.linear import _linear_fast
-from areal_tik_plugin.ops.norm import _rms_norm_fast, _rms_norm_residual_fast
-from areal_tik_plugin.ops.rope import _apply_rope_fast
+from areal_tik_plugin.ops.norm import _qk_rms_norm_fast, _rms_norm_fast, _rms_norm_residual_fast
+from areal_tik_plugin.ops.rope import _apply_rope_fast, _apply_rope_kv_write_fast
 from areal_tik_plugin.ops.swiglu import _swiglu_fast, _swiglu_fused_fast
 
 TIK_ATTENTION = "tik_varlen"
@@ -327,21 +327,29 @@ def rollout_weights(layer, dtype: torch.dtype) -> dict:
 
 
 def tik_qkv_rollout(attn, x2d: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-                    attention_scaling: float, fused: dict):
-    """:func:`tik_qkv` with the fused QKV weight of :func:`rollout_weights` (one GEMM); q, k, v as
-    there (v a strided view of the GEMM output)."""
+                    attention_scaling: float, fused: dict, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    loc: torch.Tensor) -> torch.Tensor:
+    """:func:`tik_qkv` + ``ops.kv_write`` as the rollout engine runs them: one GEMM on the fused QKV
+    weight of :func:`rollout_weights`, Qwen3's q_norm and k_norm in one launch over the adjacent q and
+    k heads (``ops.qk_rms_norm``), RoPE with the rotated k and the v rows written to the KV pool at
+    ``loc`` in one launch (``ops.apply_rope_kv_write``). Returns q [T, Hq, D]. The same bits as the
+    separate ops (the contract suite checks each fusion)."""
     T, D = x2d.shape[0], attn.head_dim
     qkv = _linear_fast(x2d, fused["qkv"], fused["qkv_bias"])
     nq, nk = fused["q_size"], fused["kv_size"]
+    hq = nq // D
     q = qkv[:, :nq].view(T, -1, D)
     k = qkv[:, nq:nq + nk].view(T, -1, D)
     v = qkv[:, nq + nk:].view(T, -1, D)
     q_norm = getattr(attn, "q_norm", None)
     if q_norm is not None:
-        q = tik_rms_norm(q, q_norm)
-        k = tik_rms_norm(k, attn.k_norm)
-    q, k = _apply_rope_fast(q, k, positions, inv_freq, attention_scaling)
-    return q, k, v
+        if _eps(q_norm) == _eps(attn.k_norm):
+            qk = _qk_rms_norm_fast(qkv[:, :nq + nk].view(T, -1, D), _as(q_norm.weight, x2d.dtype),
+                                   _as(attn.k_norm.weight, x2d.dtype), hq, _eps(q_norm))
+            q, k = qk[:, :hq], qk[:, hq:]
+        else:  # two eps: the two launches (the same kernel and bits per head)
+            q, k = tik_rms_norm(q, q_norm), tik_rms_norm(k, attn.k_norm)
+    return _apply_rope_kv_write_fast(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
 
 
 def tik_ffn_rollout(mlp, x2d: torch.Tensor, fused: dict) -> torch.Tensor:

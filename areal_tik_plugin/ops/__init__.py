@@ -17,11 +17,12 @@ __all__ = ["attention_varlen", "attention_extend", "attention_decode"]
 
 from areal_tik_plugin.ops.kv_write import kv_write  # noqa: E402
 from areal_tik_plugin.ops.logprob import token_logprobs  # noqa: E402
-from areal_tik_plugin.ops.norm import rms_norm, rms_norm_residual  # noqa: E402
-from areal_tik_plugin.ops.rope import apply_rope  # noqa: E402
+from areal_tik_plugin.ops.norm import qk_rms_norm, rms_norm, rms_norm_residual  # noqa: E402
+from areal_tik_plugin.ops.rope import apply_rope, apply_rope_kv_write  # noqa: E402
 from areal_tik_plugin.ops.swiglu import swiglu, swiglu_fused  # noqa: E402
 
-__all__ += ["rms_norm", "rms_norm_residual", "apply_rope", "swiglu", "swiglu_fused", "kv_write", "token_logprobs"]
+__all__ += ["rms_norm", "rms_norm_residual", "qk_rms_norm", "apply_rope", "apply_rope_kv_write", "swiglu", "swiglu_fused",
+            "kv_write", "token_logprobs"]
 
 from areal_tik_plugin.ops.linear import linear  # noqa: E402
 from areal_tik_plugin.ops.moe import moe_block, moe_experts, moe_route  # noqa: E402

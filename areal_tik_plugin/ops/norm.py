@@ -161,3 +161,54 @@ def _rms_norm_residual_fast(x, residual, weight, eps):
         _check_residual(x, residual, weight, eps)
         _MEMO_RES.add(key)
     return _run_residual(impl, x, residual, weight, float(eps))
+
+
+def qk_rms_norm(qk, q_weight, k_weight, num_q_heads, eps):
+    """Qwen3's per-head q_norm and k_norm in one launch, over the adjacent q and k heads of a fused
+    QKV output (no gradients: the rollout path).
+
+    Bitwise ``cat([rms_norm(qk[:, :Hq], q_weight, eps), rms_norm(qk[:, Hq:], k_weight, eps)], 1)``.
+
+    Parameters
+    ----------
+    qk : Tensor [T, Hq + Hkv, D] bf16/fp16/fp32, last dim contiguous (e.g.
+        ``qkv[:, :(Hq + Hkv) * D].view(T, -1, D)``, read in place)
+    q_weight, k_weight : Tensor [D], dtype of qk or fp32, contiguous
+    num_q_heads : int, 1 <= Hq <= Hq + Hkv (heads ``< Hq`` take q_weight)
+    eps : float > 0
+
+    Returns
+    -------
+    Tensor [T, Hq + Hkv, D] (contiguous, qk.dtype); not differentiable (raises when a gradient is
+    required: the training forward runs :func:`rms_norm` per projection).
+    """
+    eps = _check_qk(qk, q_weight, k_weight, num_q_heads, eps)
+    return _impl().forward_two_weights(qk, q_weight, k_weight, int(num_q_heads), eps)
+
+
+def _check_qk(qk, q_weight, k_weight, num_q_heads, eps):
+    V.tensor("qk", qk, ndim=3, dtypes=FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
+    eps = _check(qk, q_weight, eps)
+    _check(qk, k_weight, eps)
+    if isinstance(num_q_heads, bool) or not isinstance(num_q_heads, int) or not 1 <= num_q_heads <= qk.shape[1]:
+        raise ValueError(f"num_q_heads: expected an int in [1, {qk.shape[1]}] (the heads of qk), got {num_q_heads!r}")
+    if _needs_grad(qk, q_weight, k_weight):
+        raise ValueError("qk_rms_norm: inputs require grad; it has no backward (the training forward runs "
+                         "rms_norm on q and k separately, with the same bits)")
+    return eps
+
+
+_MEMO_QK = V.Memo()
+
+
+def _qk_rms_norm_fast(qk, q_weight, k_weight, num_q_heads, eps):
+    """:func:`qk_rms_norm` with its static checks run once per argument signature (as
+    :func:`_rms_norm_fast`); the grad check runs on every call."""
+    impl = _impl()
+    key = (impl, V.sig(qk), V.sig(q_weight), V.sig(k_weight), V.sig(num_q_heads), type(eps), eps)
+    if key not in _MEMO_QK:
+        _check_qk(qk, q_weight, k_weight, num_q_heads, eps)
+        _MEMO_QK.add(key)
+    elif _needs_grad(qk, q_weight, k_weight):
+        _check_qk(qk, q_weight, k_weight, num_q_heads, eps)
+    return impl.forward_two_weights(qk, q_weight, k_weight, int(num_q_heads), float(eps))

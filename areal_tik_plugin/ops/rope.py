@@ -18,6 +18,7 @@ import torch
 
 from areal_tik_plugin import loader as _loader
 from areal_tik_plugin.ops import _validate as V
+from areal_tik_plugin.ops.kv_write import _check as _kv_check, _check_loc as _kv_check_loc
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_EXACT_POSITION = 1 << 24  # positions are converted to fp32 exactly below this
@@ -116,3 +117,58 @@ def _apply_rope_fast(q, k, positions, inv_freq, attention_scaling=1.0):
         _MEMO.add(key)
     _check_positions(q, positions)
     return _run(q, k, positions, inv_freq, scaling)
+
+
+def apply_rope_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc):
+    """:func:`apply_rope` on q and k with k's rotated rows and v's rows written into the paged KV pool
+    at slots ``loc`` (SGLang: RoPE, then ``set_kv_buffer``), in one launch (rollout path, no gradients).
+
+    Bitwise: the returned q equals ``apply_rope(q, k, ...)[0]``; after the call
+    ``k_cache[loc] == apply_rope(q, k, ...)[1]`` and ``v_cache[loc] == v`` (as :func:`ops.kv_write`).
+
+    Parameters
+    ----------
+    q, k, positions, inv_freq, attention_scaling : as :func:`apply_rope` (k required)
+    v : Tensor [T, Hkv, D], dtype of k, last dim contiguous
+    k_cache, v_cache, loc : as :func:`ops.kv_write` (caches in the dtype of q)
+
+    Returns
+    -------
+    q_out [T, Hq, D] contiguous; the caches are written in place.
+    """
+    scaling = _check_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
+    _check_values_kv(q, positions, k_cache, loc)
+    return _impl().forward_kv_write(q, k, v, positions, inv_freq, scaling, k_cache, v_cache, loc)
+
+
+def _check_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc):
+    if k is None:
+        raise ValueError("k: expected a tensor [T, Hkv, D] (its rotated rows are written to k_cache), got None")
+    scaling = _check(q, k, positions, inv_freq, attention_scaling)
+    _kv_check(k_cache, v_cache, loc, k, v)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError("apply_rope_kv_write: inputs require grad; it has no backward (the rollout path; "
+                         "training runs apply_rope)")
+    return scaling
+
+
+def _check_values_kv(q, positions, k_cache, loc):
+    _check_positions(q, positions)
+    _kv_check_loc(k_cache, loc)
+
+
+_MEMO_KV = V.Memo()
+
+
+def _apply_rope_kv_write_fast(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc):
+    """:func:`apply_rope_kv_write` with its static checks once per argument signature (the grad check
+    and the value checks on every call)."""
+    key = (V.sig(q), V.sig(k), V.sig(v), V.sig(positions), V.sig(inv_freq), type(attention_scaling),
+           attention_scaling, V.sig(k_cache), V.sig(v_cache), V.sig(loc))
+    if key in _MEMO_KV and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        scaling = float(attention_scaling)
+    else:
+        scaling = _check_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
+        _MEMO_KV.add(key)
+    _check_values_kv(q, positions, k_cache, loc)
+    return _impl().forward_kv_write(q, k, v, positions, inv_freq, scaling, k_cache, v_cache, loc)

@@ -51,13 +51,14 @@ def tile_config(H: int):
     return block, rows, warps
 
 
-@triton.jit(do_not_specialize=["M", "NH", "sxt", "sxh", "srt", "srh"])
+@triton.jit(do_not_specialize=["M", "NH", "sxt", "sxh", "srt", "srh", "HEADS", "HEADS1"])
 def _rmsnorm_fwd_kernel(
     X, R, W, Y, RES_OUT,
     M, NH, sxt, sxh, srt, srh,      # strides in units of VEC elements
     eps,
     H: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr, VEC: tl.constexpr,
     HAS_RES: tl.constexpr, INTERP: tl.constexpr,
+    W2=None, HEADS=1, HEADS1=1, TWO_W: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
@@ -80,7 +81,11 @@ def _rmsnorm_fwd_kernel(
     rstd = tl.rsqrt(var + eps)
     xh = to_act(xf * rstd[:, None], x.dtype, INTERP)
     w = tl.load(W + cols, mask=cols < H, other=0.0).to(tl.float32)
-    y = xh.to(tl.float32) * w[None, :]
+    if TWO_W:  # per-head Q/K norm in one launch: rows (token, head) with head >= HEADS1 take W2
+        w2 = tl.load(W2 + cols, mask=cols < H, other=0.0).to(tl.float32)
+        y = xh.to(tl.float32) * tl.where(((rows % HEADS) < HEADS1)[:, None], w[None, :], w2[None, :])
+    else:
+        y = xh.to(tl.float32) * w[None, :]
     tl.store(Y + ooff, to_act(y, Y.dtype.element_ty, INTERP), mask=mask)
 
 
@@ -155,6 +160,27 @@ def forward(x, weight, eps, residual=None):
         **launch_opts(warps),
     )
     return (y, res_out) if residual is not None else y
+
+
+def forward_two_weights(x, weight1, weight2, heads1, eps):
+    """Per-head RMSNorm of x [T, NH, D] with ``weight1`` on heads ``< heads1`` and ``weight2`` on the
+    rest (Qwen3's q_norm / k_norm over the adjacent q and k heads of a fused QKV output), one launch.
+    Bitwise ``cat([forward(x[:, :heads1], weight1), forward(x[:, heads1:], weight2)], 1)``: the same
+    kernel and tile (a function of D only); the weight is selected per row after the reduction."""
+    T, NH, H = x.shape
+    block, rows, warps = tile_config(H)
+    vec = vec_for(H, x.element_size())
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    xu, M, NHc, sxt, sxh = canonical(x, vec)
+    _rmsnorm_fwd_kernel[(_cdiv(M, rows),)](
+        xu, xu, _weight(weight1, vec), y, y, M, NHc, sxt // vec, sxh // vec, 0, 0, float(eps),
+        H=H, BLOCK_H=block, ROWS=rows, VEC=vec, HAS_RES=False, INTERP=interpreting(),
+        W2=_weight(weight2, vec), HEADS=NH, HEADS1=heads1, TWO_W=True,
+        **launch_opts(warps),
+    )
+    return y
 
 
 @functools.lru_cache(maxsize=8)

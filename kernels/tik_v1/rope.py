@@ -29,13 +29,19 @@ WARPS = 4
 @triton.jit
 def _rotate_heads(X, O, t, h0, NH, sxt, sxh, c, s,
                   HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr,
-                  D: tl.constexpr, PASS_BLOCK: tl.constexpr, INTERP: tl.constexpr):
+                  D: tl.constexpr, PASS_BLOCK: tl.constexpr, INTERP: tl.constexpr,
+                  o_row=None, sot=0, soh=0, OUT_STRIDED: tl.constexpr = False):
+    """Rotate heads [h0, h0 + BLOCK_HEADS) of token t; output row (t, head) contiguous [T, NH, D], or
+    at ``o_row * sot + head * soh`` (OUT_STRIDED: a KV-pool slot)."""
     heads = h0 + tl.arange(0, BLOCK_HEADS)
     j = tl.arange(0, BLOCK_HALF)
     hmask = heads < NH
     mask = hmask[:, None] & (j < HALF)[None, :]
     xrow = X + t.to(tl.int64) * sxt + heads.to(tl.int64)[:, None] * sxh
-    orow = O + (t.to(tl.int64) * NH + heads.to(tl.int64))[:, None] * D
+    if OUT_STRIDED:
+        orow = O + o_row.to(tl.int64) * sot + heads.to(tl.int64)[:, None] * soh
+    else:
+        orow = O + (t.to(tl.int64) * NH + heads.to(tl.int64))[:, None] * D
     x1 = tl.load(xrow + j[None, :], mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(xrow + HALF + j[None, :], mask=mask, other=0.0).to(tl.float32)
     o1 = x1 * c[None, :] - x2 * s[None, :]
@@ -56,6 +62,8 @@ def _rope_kernel(
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr, PASS_BLOCK: tl.constexpr,
     BACKWARD: tl.constexpr, INTERP: tl.constexpr,
+    VIN=None, VC=None, LOC=None, svt=0, svh=0, skc_t=0, skc_h=0, svc_t=0, svc_h=0,
+    KV_WRITE: tl.constexpr = False, BLOCK_D: tl.constexpr = 1,
 ):
     t = tl.program_id(0)
     hb = tl.program_id(1)
@@ -71,6 +79,16 @@ def _rope_kernel(
     if hb < NQB:
         _rotate_heads(Q, QO, t, hb * BLOCK_HEADS, HQ, sqt, sqh, c, s,
                       HALF, BLOCK_HALF, BLOCK_HEADS, D, PASS_BLOCK, INTERP)
+    elif KV_WRITE:  # rotated k rows go to the KV pool at slot LOC[t]; v rows are copied there (exact)
+        h0 = (hb - NQB) * BLOCK_HEADS
+        slot = tl.load(LOC + t)
+        _rotate_heads(K, KO, t, h0, HKV, skt, skh, c, s,
+                      HALF, BLOCK_HALF, BLOCK_HEADS, D, PASS_BLOCK, INTERP, slot, skc_t, skc_h, True)
+        heads = h0 + tl.arange(0, BLOCK_HEADS)
+        d = tl.arange(0, BLOCK_D)
+        vmask = (heads < HKV)[:, None] & (d < D)[None, :]
+        vrow = tl.load(VIN + t.to(tl.int64) * svt + heads.to(tl.int64)[:, None] * svh + d[None, :], mask=vmask)
+        tl.store(VC + slot.to(tl.int64) * svc_t + heads.to(tl.int64)[:, None] * svc_h + d[None, :], vrow, mask=vmask)
     else:
         _rotate_heads(K, KO, t, (hb - NQB) * BLOCK_HEADS, HKV, skt, skh, c, s,
                       HALF, BLOCK_HALF, BLOCK_HEADS, D, PASS_BLOCK, INTERP)
@@ -110,6 +128,34 @@ def forward(q, k, positions, inv_freq, attention_scaling=1.0, backward=False):
         **launch_opts(WARPS),
     )
     return q_out, k_out
+
+
+def forward_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc):
+    """RoPE on q and k with the rotated k rows written to ``k_cache[loc[t]]`` and v's rows copied to
+    ``v_cache[loc[t]]`` (SGLang ``set_kv_buffer`` after RoPE), one launch. Returns q_out [T, Hq, D]
+    contiguous. Bitwise: q_out and the pool rows equal :func:`forward` + an exact copy."""
+    import torch
+
+    T, hq, D = q.shape
+    hkv = k.shape[1]
+    half = inv_freq.numel()
+    q_out = torch.empty((T, hq, D), dtype=q.dtype, device=q.device)
+    if T == 0:
+        return q_out
+    block_half, bh = _config(hq, hkv, half)
+    pass_block = _next_pow2(D - 2 * half) if D > 2 * half else 0
+    nblocks = _cdiv(hq, bh) + _cdiv(hkv, bh)
+    _rope_kernel[(T, nblocks)](
+        q, k, q_out, k_cache, positions, inv_freq,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), float(attention_scaling),
+        HQ=hq, HKV=hkv, D=D, HALF=half, BLOCK_HALF=block_half, BLOCK_HEADS=bh,
+        PASS_BLOCK=pass_block, BACKWARD=False, INTERP=interpreting(),
+        VIN=v, VC=v_cache, LOC=loc, svt=v.stride(0), svh=v.stride(1), skc_t=k_cache.stride(0),
+        skc_h=k_cache.stride(1), svc_t=v_cache.stride(0), svc_h=v_cache.stride(1),
+        KV_WRITE=True, BLOCK_D=_next_pow2(D),
+        **launch_opts(WARPS),
+    )
+    return q_out
 
 
 def backward(dq_out, dk_out, positions, inv_freq, attention_scaling=1.0):
