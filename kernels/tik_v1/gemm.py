@@ -480,18 +480,21 @@ REDUCE_BLOCK = 1024      # free: elements per program of the small-M split reduc
 # ticket, no second launch) instead of in _linear_reduce_kernel; same additions, same order
 SPLIT_REDUCE_IN_LAST = True
 _TILE_COUNTERS: dict = {}
+_TILE_COUNTERS_KEPT: list = []  # replaced buffers stay allocated: a captured CUDA graph may still use them
 
 
 def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
     """Zeroed int32 tickets for ``n`` tiles, one buffer per (device, stream): the kernels reset the
     tickets they use, so the buffer is reused by every later call (and CUDA-graph replay) on that
-    stream; GEMMs on two streams never share tickets."""
+    stream; GEMMs on two streams never share tickets. 65536 tickets cover N <= 1M at BLOCK_N 16."""
     if device.type != "cuda":
         return torch.zeros(n, dtype=torch.int32, device=device)
     key = (device.index, torch.cuda.current_stream(device).cuda_stream)
     buf = _TILE_COUNTERS.get(key)
     if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 8192), dtype=torch.int32, device=device)
+        if buf is not None:
+            _TILE_COUNTERS_KEPT.append(buf)
+        buf = torch.zeros(max(n, 65536), dtype=torch.int32, device=device)
         _TILE_COUNTERS[key] = buf
     return buf
 
