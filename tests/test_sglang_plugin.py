@@ -176,3 +176,33 @@ def test_training_logprobs_micro_batches_are_bitwise_equal(tmp_path):
     assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(one, split))
     with pytest.raises(ValueError, match="max_tokens_per_forward"):
         SC.training_logprobs(path, reqs, max_tokens_per_forward=0)
+
+
+def test_qk_norm_hook_one_launch_on_adjacent_views_same_bits(monkeypatch):
+    """SGLang's q, k = qkv.split(...): the hook norms both in one launch (ops.qk_rms_norm, read in
+    place) with the bits of two ops.rms_norm calls; q, k that are not adjacent take the two calls."""
+    import types
+
+    from areal_tik_plugin import ops
+
+    monkeypatch.setitem(L._STATE, "active", True)
+    T, hq, hkv, D = 7, 4, 2, 64
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(T, (hq + 2 * hkv) * D, generator=g).to(torch.bfloat16)
+    q, k, _ = qkv.split([hq * D, hkv * D, hkv * D], dim=-1)
+    norm = lambda seed: types.SimpleNamespace(  # noqa: E731
+        weight=(1 + 0.2 * torch.randn(D, generator=torch.Generator().manual_seed(seed))).to(torch.bfloat16),
+        variance_epsilon=1e-6)
+    qn, kn = norm(1), norm(2)
+    rq = ops.rms_norm(q.reshape(-1, D).contiguous(), qn.weight, 1e-6).view(q.shape)
+    rk = ops.rms_norm(k.reshape(-1, D).contiguous(), kn.weight, 1e-6).view(k.shape)
+    before = dict(L.COUNTS)
+    oq, ok = L.qk_norm_hook(None, q, k, qn, kn, D)
+    assert L.COUNTS["qk_rms_norm"] == before.get("qk_rms_norm", 0) + 1
+    assert oq.shape == q.shape and ok.shape == k.shape
+    assert torch.equal(oq.view(torch.int16), rq.view(torch.int16))
+    assert torch.equal(ok.view(torch.int16), rk.view(torch.int16))
+    oq2, ok2 = L.qk_norm_hook(None, q.contiguous(), k.contiguous(), qn, kn, D)  # separate buffers
+    assert L.COUNTS["rms_norm"] == before.get("rms_norm", 0) + 2
+    assert torch.equal(oq2.view(torch.int16), rq.view(torch.int16))
+    assert torch.equal(ok2.view(torch.int16), rk.view(torch.int16))

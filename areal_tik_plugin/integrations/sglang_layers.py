@@ -7,7 +7,7 @@ What runs through ours once the ``tik`` attention backend is built in a schedule
 SGLang layer                           ours                                               mechanism
 =====================================  =================================================  ==========================
 ``RMSNorm`` (hidden, fused residual)   ``ops.rms_norm`` / ``ops.rms_norm_residual``       ``BaseFusedOp`` plugin fwd
-``apply_qk_norm`` (Qwen3 q/k norm)     ``ops.rms_norm`` per head                          HookRegistry REPLACE
+``apply_qk_norm`` (Qwen3 q/k norm)     ``ops.qk_rms_norm`` (one launch, in place)         HookRegistry REPLACE
 ``RotaryEmbedding`` (NeoX, default)    ``ops.apply_rope`` (fp32 inv_freq, HF formula)     ``BaseFusedOp`` plugin fwd
 ``SiluAndMul``                         ``ops.swiglu_fused``                               ``BaseFusedOp`` plugin fwd
 ``TopK`` (softmax, renormalize)        ``ops.moe_route``                                  ``BaseFusedOp`` plugin fwd
@@ -90,8 +90,8 @@ def rope_forward_plugin(self, positions, query, key, offsets=None, fused_set_kv_
         positions = positions + offsets
     positions = positions.flatten()
     t = positions.shape[0]
-    q = query.reshape(t, -1, self.head_size).contiguous()
-    k = key.reshape(t, -1, self.head_size).contiguous()
+    q = _last_dim_contiguous(query.reshape(t, -1, self.head_size))  # strided views of qkv are read in place
+    k = _last_dim_contiguous(key.reshape(t, -1, self.head_size))
     inv_freq = self._tik_inv_freq
     if inv_freq.device != q.device:
         inv_freq = self._tik_inv_freq = inv_freq.to(q.device)
@@ -173,10 +173,35 @@ def lm_head_hook(original, self, hidden_states, lm_head, embedding_bias=None, **
     return _ops().linear(hidden_states.contiguous(), lm_head.weight, embedding_bias)
 
 
+def _last_dim_contiguous(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _adjacent_qk(q, k, head_dim):
+    """q [T, Hq*D] and k [T, Hkv*D] as one [T, Hq + Hkv, D] view when k's columns directly follow q's
+    in one buffer (SGLang's ``qkv.split``), else None."""
+    import torch
+
+    if q.dim() != 2 or k.dim() != 2 or q.shape[0] != k.shape[0] or q.dtype != k.dtype or q.device != k.device:
+        return None
+    if q.stride(1) != 1 or k.stride(1) != 1 or q.stride(0) != k.stride(0) or q.shape[1] % head_dim \
+            or k.shape[1] % head_dim or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr() \
+            or k.data_ptr() != q.data_ptr() + q.shape[1] * q.element_size() \
+            or q.stride(0) < q.shape[1] + k.shape[1]:
+        return None
+    return torch.as_strided(q, (q.shape[0], (q.shape[1] + k.shape[1]) // head_dim, head_dim), (q.stride(0), head_dim, 1))
+
+
 def qk_norm_hook(original, q, k, q_norm, k_norm, head_dim, *args, **kwargs):
     if not _STATE["active"]:
         return original(q, k, q_norm, k_norm, head_dim, *args, **kwargs)
     ops = _ops()
+    qk = _adjacent_qk(q, k, head_dim) if q_norm.variance_epsilon == k_norm.variance_epsilon else None
+    if qk is not None:  # one launch over the adjacent heads, read in place: the same bits as two norms
+        COUNTS["qk_rms_norm"] += 1
+        hq = q.shape[1] // head_dim
+        y = ops.qk_rms_norm(qk, q_norm.weight, k_norm.weight, hq, q_norm.variance_epsilon)
+        return y[:, :hq].reshape(q.shape), y[:, hq:].reshape(k.shape)
     COUNTS["rms_norm"] += 2
     qo = ops.rms_norm(q.reshape(-1, head_dim).contiguous(), q_norm.weight, q_norm.variance_epsilon)
     ko = ops.rms_norm(k.reshape(-1, head_dim).contiguous(), k_norm.weight, k_norm.variance_epsilon)
