@@ -203,6 +203,10 @@ def test_multi_split_paths_agree(tile, split):
     dec = att.decode(q[prompt:].contiguous(), kp, vp, torch.arange(prompt + 1, L + 1, dtype=torch.int32), table,
                      torch.zeros(L - prompt, dtype=torch.int32), sc, 1, table.shape[1], tile=tile, split=split)
     assert_bitwise(dec, full[prompt:])
+    for bd in (0, 8, 16):  # the split merge sliced over the head dim (free knob): same bits
+        assert_bitwise(att.decode(q[prompt:].contiguous(), kp, vp, torch.arange(prompt + 1, L + 1, dtype=torch.int32),
+                                  table, torch.zeros(L - prompt, dtype=torch.int32), sc, 1, table.shape[1],
+                                  tile=tile, split=split, merge_block_d=bd), dec)
     ext = att.extend(q[prompt:].contiguous(), kp, vp, cu([L - prompt]), torch.tensor([prompt], dtype=torch.int32),
                      table, rows, L - prompt, sc, tile=tile, split=split)
     assert_bitwise(ext, full[prompt:])

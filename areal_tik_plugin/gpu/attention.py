@@ -258,6 +258,10 @@ def _check_free_knobs(rec):
             att.DECODE_WARPS, att.DECODE_STAGES = w, st
             o = att.decode(q[2999:3000].contiguous(), k_pool, v_pool, sl, table, rows[:1], D ** -0.5, 1, 3000)
             rec.bitwise(f"decode_w{w}_s{st}", o, ref_d)
+        for bd, mw in ((0, 4), (16, 1), (64, 2), (128, 1)):  # the split merge sliced over D
+            o = att.decode(q[2999:3000].contiguous(), k_pool, v_pool, sl, table, rows[:1], D ** -0.5, 1, 3000,
+                           merge_block_d=bd, merge_warps=mw)
+            rec.bitwise(f"decode_merge_d{bd}_w{mw}", o, ref_d)
     finally:
         att.DECODE_WARPS, att.DECODE_STAGES = saved
     rec.bitwise("decode_vs_prefill_free_knobs", ref_d, ref[2999:3000])

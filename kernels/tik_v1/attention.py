@@ -42,6 +42,8 @@ PREFILL_STAGES = 2
 PREFILL_SCRATCH_ACC = False  # keep the merged accumulator in an fp32 scratch between splits (GPU)
 DECODE_WARPS = 4
 DECODE_STAGES = 2
+MERGE_BLOCK_D = 32   # decode split merge: head dims per program (elementwise in D; 0 = all of D)
+MERGE_WARPS = 1
 BWD_BLOCK = {"gpu": 64, "cpu": 32}
 BWD_WARPS = 4
 
@@ -54,6 +56,8 @@ KNOBS = {
         "PREFILL_SCRATCH_ACC": (False, True),
         "DECODE_WARPS": (2, 4, 8),
         "DECODE_STAGES": (1, 2, 3, 4),
+        "MERGE_BLOCK_D": (0, 16, 32, 64),
+        "MERGE_WARPS": (1, 2, 4),
     },
 }
 
@@ -330,7 +334,10 @@ def _attn_decode_merge_kernel(
     O, WS_ACC, WS_ML, seq_lens,
     stride_ob, stride_oh, ws_stride_b, ws_stride_h, ws_stride_s,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_D: tl.constexpr = 0,
 ):
+    """Program (request, kv head, slice of BLOCK_D head dims): the merge is elementwise in the head dim
+    (m and l are per head and computed the same way by every slice), so slicing D only adds programs."""
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     ctx = tl.load(seq_lens + b)
@@ -338,12 +345,13 @@ def _attn_decode_merge_kernel(
     if n_splits <= 1:
         return
     offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, D)
+    BD: tl.constexpr = D if BLOCK_D == 0 else BLOCK_D
+    offs_d = tl.program_id(2) * BD + tl.arange(0, BD)
     h_ok = offs_h < GROUP
     heads = h_kv * GROUP + offs_h
     M = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     L = tl.zeros((BLOCK_H,), tl.float32)
-    ACC = tl.zeros((BLOCK_H, D), tl.float32)
+    ACC = tl.zeros((BLOCK_H, BD), tl.float32)
     # Split states are loaded four splits ahead of the merge that uses them (a register
     # ring; Triton does not pipeline loads that feed no dot), so the ordered merge chain waits for
     # one workspace read at the start instead of one per split. Same merges in the same order.
@@ -478,6 +486,7 @@ def _cfg(**over):
         "block_m": PREFILL_BLOCK_M["gpu" if gpu else "cpu"], "warps": PREFILL_WARPS, "stages": PREFILL_STAGES,
         "scratch": PREFILL_SCRATCH_ACC and gpu,
         "dec_warps": DECODE_WARPS, "dec_stages": DECODE_STAGES,
+        "merge_block_d": MERGE_BLOCK_D, "merge_warps": MERGE_WARPS,
     }
     for k, v in over.items():
         if v is not None:
@@ -583,10 +592,11 @@ def decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale,
         **_launch_opts(cfg["dec_warps"], cfg["dec_stages"]),
     )
     if max_splits > 1:
-        _attn_decode_merge_kernel[(B, Hkv)](
+        bd = min(D, cfg["merge_block_d"]) if cfg["merge_block_d"] else D
+        _attn_decode_merge_kernel[(B, Hkv, _cdiv(D, bd))](
             o, ws_acc, ws_ml, seq_lens, o.stride(0), o.stride(1), ws_sb, ws_sh, ws_ss,
-            GROUP=group, BLOCK_H=block_h, D=D, SPLIT=split,
-            **_launch_opts(4, 1),
+            GROUP=group, BLOCK_H=block_h, D=D, SPLIT=split, BLOCK_D=bd,
+            **_launch_opts(cfg["merge_warps"], 1),
         )
     return o
 
