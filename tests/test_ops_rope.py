@@ -210,3 +210,25 @@ def test_rope_kv_write_bad_inputs():
             fn(q, k, v, pos - 5, inv, 1.0, kc, vc, loc)
         with pytest.raises(ValueError, match="grad"):
             fn(q.clone().requires_grad_(), k, v, pos, inv, 1.0, kc, vc, loc)
+
+
+@pytest.mark.parametrize("T,Hq,Hkv,D,R", [(1, 12, 2, 128, 128), (13, 5, 3, 64, 64), (9, 2, 2, 96, 48), (33, 4, 0, 64, 64)])
+def test_token_tile_kernel_same_bits_as_head_block_kernel(monkeypatch, T, Hq, Hkv, D, R):
+    """The two launch layouts (free knob TOKEN_TILES) compute the same bits, forward and backward."""
+    from areal_tik_plugin.loader import get_implementation
+
+    rope = get_implementation().module("rope")
+    q, k = qk(T, Hq, max(Hkv, 1), D, seed=T + Hq)
+    k = k if Hkv else None
+    pos = torch.randint(0, 40000, (T,), generator=torch.Generator().manual_seed(T))
+    inv = inv_freq(R)
+    out = {}
+    for tiles in (False, True):
+        monkeypatch.setattr(rope, "TOKEN_TILES", tiles)
+        out[tiles] = (rope.forward(q, k, pos, inv, 0.8), rope.backward(q, k, pos, inv, 0.8))
+    for (a, b), name in zip(zip(out[False], out[True]), ("forward", "backward")):
+        assert_bitwise(a[0], b[0], f"{name} q")
+        if Hkv:
+            assert_bitwise(a[1], b[1], f"{name} k")
+        else:
+            assert a[1] is None and b[1] is None

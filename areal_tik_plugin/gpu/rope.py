@@ -96,15 +96,21 @@ def _check_free_knobs(rec, hq, hkv, d, theta):
     pos = _packed_positions(N_ACC, seed=5)
     inv = _inv_freq(d, theta)
     ref = rope.forward(q, k, pos, inv, 1.0)
-    saved = (rope.HEAD_ELEMS, rope.WARPS)
-    try:
-        for he, w in ((512, 1), (1024, 2), (4096, 4), (8192, 8)):
-            rope.HEAD_ELEMS, rope.WARPS = he, w
+    saved = (rope.HEAD_ELEMS, rope.WARPS, rope.TOKEN_TILES, rope.TOKEN_TILE_ELEMS, rope.TOKEN_WARPS)
+    try:  # both launch layouts: (token, head block) programs and (token tile x all heads) programs
+        for tiles, he, w in ((False, 512, 1), (False, 1024, 2), (False, 4096, 4), (False, 8192, 8),
+                             (True, 2048, 4), (True, 8192, 4), (True, 16384, 8)):
+            rope.TOKEN_TILES = tiles
+            if tiles:
+                rope.TOKEN_TILE_ELEMS, rope.TOKEN_WARPS = he, w
+            else:
+                rope.HEAD_ELEMS, rope.WARPS = he, w
             o = rope.forward(q, k, pos, inv, 1.0)
-            rec.bitwise(f"free_knobs_q[h{hq}/e{he}/w{w}]", o[0], ref[0])
-            rec.bitwise(f"free_knobs_k[h{hq}/e{he}/w{w}]", o[1], ref[1])
+            tag = f"h{hq}/{'tok' if tiles else 'head'}/e{he}/w{w}"
+            rec.bitwise(f"free_knobs_q[{tag}]", o[0], ref[0])
+            rec.bitwise(f"free_knobs_k[{tag}]", o[1], ref[1])
     finally:
-        rope.HEAD_ELEMS, rope.WARPS = saved
+        rope.HEAD_ELEMS, rope.WARPS, rope.TOKEN_TILES, rope.TOKEN_TILE_ELEMS, rope.TOKEN_WARPS = saved
 
 
 def _check_graph(rec, hq, hkv, d, theta):

@@ -21,9 +21,17 @@ import triton.language as tl
 
 from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, interpreting, launch_opts, to_act
 
-KNOBS = {"free": {"HEAD_ELEMS": (1024, 2048, 4096), "WARPS": (2, 4, 8)}}
+KNOBS = {"free": {"HEAD_ELEMS": (1024, 2048, 4096), "WARPS": (2, 4, 8), "TOKEN_TILES": (False, True),
+                  "TOKEN_TILE_ELEMS": (2048, 4096, 8192), "TOKEN_WARPS": (4, 8)}}
 HEAD_ELEMS = 2048   # elements of one program's [BLOCK_HEADS, R/2] half-tile target
 WARPS = 4
+# forward/backward with one program per BLOCK_T tokens x all q and k heads (_rope_tokens_kernel) instead
+# of one per (token, head block): fewer, evenly sized programs (Qwen2.5-1.5B's 12 / 2 heads left half
+# of the per-token programs rotating 2 heads). BLOCK_T = largest power of two with
+# BLOCK_T * (pow2(Hq) + pow2(Hkv)) * pow2(R/2) <= TOKEN_TILE_ELEMS. Not yet measured on the GPU.
+TOKEN_TILES = True
+TOKEN_TILE_ELEMS = 8192
+TOKEN_WARPS = 4
 
 
 @triton.jit
@@ -94,6 +102,55 @@ def _rope_kernel(
                       HALF, BLOCK_HALF, BLOCK_HEADS, D, PASS_BLOCK, INTERP)
 
 
+@triton.jit
+def _rotate_tokens(X, O, tt, t_ok, NH, sxt, sxh, c, s,
+                   HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BH: tl.constexpr,
+                   D: tl.constexpr, PASS_BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """Rotate every head of BLOCK_T tokens: tiles [BLOCK_T, BH, BLOCK_HALF]; c, s [BLOCK_T, BLOCK_HALF]."""
+    heads = tl.arange(0, BH)
+    j = tl.arange(0, BLOCK_HALF)
+    rowmask = t_ok[:, None] & (heads < NH)[None, :]
+    mask = rowmask[:, :, None] & (j < HALF)[None, None, :]
+    xrow = X + tt.to(tl.int64)[:, None] * sxt + heads.to(tl.int64)[None, :] * sxh
+    orow = O + (tt.to(tl.int64)[:, None] * NH + heads.to(tl.int64)[None, :]) * D
+    x1 = tl.load(xrow[:, :, None] + j[None, None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(xrow[:, :, None] + HALF + j[None, None, :], mask=mask, other=0.0).to(tl.float32)
+    o1 = x1 * c[:, None, :] - x2 * s[:, None, :]
+    o2 = x2 * c[:, None, :] + x1 * s[:, None, :]
+    tl.store(orow[:, :, None] + j[None, None, :], to_act(o1, O.dtype.element_ty, INTERP), mask=mask)
+    tl.store(orow[:, :, None] + HALF + j[None, None, :], to_act(o2, O.dtype.element_ty, INTERP), mask=mask)
+    if PASS_BLOCK > 0:  # dims [2*HALF, D) pass through unchanged
+        pj = 2 * HALF + tl.arange(0, PASS_BLOCK)
+        pmask = rowmask[:, :, None] & (pj < D)[None, None, :]
+        xp = tl.load(xrow[:, :, None] + pj[None, None, :], mask=pmask, other=0.0)
+        tl.store(orow[:, :, None] + pj[None, None, :], xp, mask=pmask)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _rope_tokens_kernel(
+    Q, K, QO, KO, POS, INV_FREQ, T,
+    sqt, sqh, skt, skh, scaling,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BLOCK_T: tl.constexpr,
+    PASS_BLOCK: tl.constexpr, BACKWARD: tl.constexpr, INTERP: tl.constexpr,
+):
+    """One program = BLOCK_T tokens x every q and k head: cos/sin once per (token, frequency), the
+    same per-element arithmetic as :func:`_rope_kernel` (the variant is a free knob)."""
+    tt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = tt < T
+    j = tl.arange(0, BLOCK_HALF)
+    pos = tl.load(POS + tt, mask=t_ok, other=0).to(tl.float32)
+    inv = tl.load(INV_FREQ + j, mask=j < HALF, other=0.0)
+    f = pos[:, None] * inv[None, :]
+    c = tl.cos(f) * scaling
+    s = tl.sin(f) * scaling
+    if BACKWARD:
+        s = -s
+    _rotate_tokens(Q, QO, tt, t_ok, HQ, sqt, sqh, c, s, HALF, BLOCK_HALF, BQ, D, PASS_BLOCK, INTERP)
+    if HKV > 0:
+        _rotate_tokens(K, KO, tt, t_ok, HKV, skt, skh, c, s, HALF, BLOCK_HALF, BK, D, PASS_BLOCK, INTERP)
+
+
 def _config(hq, hkv, half):
     block_half = _next_pow2(half)
     bh = max(1, min(_next_pow2(max(hq, hkv)), HEAD_ELEMS // block_half))
@@ -117,8 +174,21 @@ def forward(q, k, positions, inv_freq, attention_scaling=1.0, backward=False):
         k_arg, skt, skh = k, k.stride(0), k.stride(1)
     if T == 0:
         return q_out, k_out
-    block_half, bh = _config(hq, hkv, half)
     pass_block = _next_pow2(D - 2 * half) if D > 2 * half else 0
+    if TOKEN_TILES:
+        block_half, bq, bk = _next_pow2(half), _next_pow2(hq), (_next_pow2(hkv) if hkv else 1)
+        bt = 1
+        while 2 * bt * (bq + bk) * block_half <= TOKEN_TILE_ELEMS and bt < T:
+            bt *= 2
+        _rope_tokens_kernel[(_cdiv(T, bt),)](
+            q, k_arg, q_out, k_out if k_out is not None else q_out, positions, inv_freq, T,
+            q.stride(0), q.stride(1), skt, skh, float(attention_scaling),
+            HQ=hq, HKV=hkv, D=D, HALF=half, BLOCK_HALF=block_half, BQ=bq, BK=bk, BLOCK_T=bt,
+            PASS_BLOCK=pass_block, BACKWARD=bool(backward), INTERP=interpreting(),
+            **launch_opts(TOKEN_WARPS),
+        )
+        return q_out, k_out
+    block_half, bh = _config(hq, hkv, half)
     nblocks = _cdiv(hq, bh) + (_cdiv(hkv, bh) if hkv else 0)
     _rope_kernel[(T, nblocks)](
         q, k_arg, q_out, k_out if k_out is not None else q_out, positions, inv_freq,
