@@ -123,8 +123,12 @@ def test_layer_bench_runs_every_phase_on_cpu(monkeypatch, model):
     monkeypatch.setattr(LB, "_time", fake_time)
     knobs = ((4, 3), (8, 2)) if model == "tiny-qwen3" else ()
     r = LB.bench_model(model, True, (3,), prompt=6, device="cpu", ctx_points=(1, 3), profile=True,
-                       decode_knobs=knobs)
+                       decode_knobs=knobs, repeat=2 if knobs else 1)
     assert r["errors"] == [], r["errors"]
+    if knobs:  # repeat=2: both stacks timed twice per context, medians used
+        assert all(len(d["samples"]["plugin"]) == 2 == len(d["samples"]["baseline"]) for d in r["decode_steps"])
+    assert LB._median_time([{"a": 3.0, "b": None}, {"a": 1.0, "b": None}, None, {"a": 2.0, "b": None}]) == \
+        {"a": 2.0, "b": None}
     assert set(r["profile"]) == {"plugin.prefill", "baseline.prefill", "plugin.decode", "baseline.decode"}
     if knobs:  # the default first, then each probed pair; free knobs keep the bits
         assert [(k["warps"], k["stages"]) for k in r["decode_knobs"]][1:] == list(knobs)

@@ -186,6 +186,18 @@ def _decode_total(points: dict[int, float], R: int, prompt: int = PROMPT) -> flo
     return total
 
 
+def _median_time(samples: list) -> dict | None:
+    """Per key, the median of the timings that exist (None when there are none)."""
+    samples = [t for t in samples if t]
+    if not samples:
+        return None
+    out = {}
+    for key in samples[0]:
+        v = sorted(t[key] for t in samples if t.get(key) is not None)
+        out[key] = v[len(v) // 2] if v else None
+    return out
+
+
 def _probe_decode_knobs(step, knobs, errors) -> list[dict[str, Any]]:
     """Re-time the plugin decode step (graph replay, last sampled context) with other free decode
     knobs ``(DECODE_WARPS, DECODE_STAGES)`` of the attention implementation; each output is compared
@@ -211,11 +223,12 @@ def _probe_decode_knobs(step, knobs, errors) -> list[dict[str, Any]]:
 
 
 def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT, device: str = "cuda",
-                ctx_points=None, profile: bool = False, decode_knobs=()) -> dict[str, Any]:
+                ctx_points=None, profile: bool = False, decode_knobs=(), repeat: int = 1) -> dict[str, Any]:
     """Every phase of one model's layer; ``prompt``/``device``/``ctx_points`` exist for CPU smoke tests.
     ``profile``: also record the top kernels of the plugin's and the baseline's prefill and decode step.
     ``decode_knobs``: ``(warps, stages)`` pairs of the attention decode kernel to probe (see
-    :func:`_probe_decode_knobs`)."""
+    :func:`_probe_decode_knobs`). ``repeat``: decode steps timed that many times per context, the two
+    stacks alternating, medians used (the samples are kept)."""
     import torch
     import torch.nn.functional as F
 
@@ -345,15 +358,21 @@ def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT
             pos1.fill_(c - 1)
             loc1.copy_(table[0, c - 1:c].to(torch.int64))
             seq1.fill_(c)
-            tp = _time(plug_step, graph=True, errors=errors, tag=f"plugin.decode@{c}")
+            tps = [_time(plug_step, graph=True, errors=errors, tag=f"plugin.decode@{c}")]
             cos1, sin1 = rotary(x1[None], pos1[None])
+            tbs = []
             try:
                 bs = _first_working(lambda bk: base_step_fn(c, cos1, sin1, bk), f"decode@{c}", notes)
-                tb = _time(bs, graph=True, errors=errors, tag=f"baseline.decode@{c}")
+                tbs.append(_time(bs, graph=True, errors=errors, tag=f"baseline.decode@{c}"))
+                for _ in range(repeat - 1):  # alternate the stacks: drift hits both alike
+                    tps.append(_time(plug_step, graph=True, errors=errors, tag=f"plugin.decode@{c}"))
+                    tbs.append(_time(bs, graph=True, errors=errors, tag=f"baseline.decode@{c}"))
             except Exception as e:
                 errors.append(str(e)[:300])
-                tb = None
+            tp, tb = _median_time(tps), _median_time(tbs)
             dec_rows.append({"ctx": c, "plugin": tp, "baseline": tb})
+            if repeat > 1:
+                dec_rows[-1]["samples"] = {"plugin": tps, "baseline": tbs}
             a, b, how = _pick(tp, tb)
             if a is not None:
                 dec_plugin[c], dec_base[c] = a, b
@@ -461,6 +480,8 @@ def main(argv=None) -> int:
                     help="also record the top kernels (torch.profiler) of prefill and of a decode step per model")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list from {list(MODELS)}")
     ap.add_argument("--decode", default=",".join(str(d) for d in DECODES), help="response lengths")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="time each decode step N times, plugin and baseline alternating; medians are used")
     ap.add_argument("--decode-knobs", default="",
                     help="comma list of WARPSxSTAGES for the attention decode kernel, re-timed on the plugin "
                          "decode step at the last context (free knobs; bits compared), e.g. 4x3,8x3")
@@ -474,6 +495,9 @@ def main(argv=None) -> int:
         print("the layer benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
     decodes = tuple(int(x) for x in args.decode.split(",") if x)
+    if args.repeat < 1:
+        print(f"--repeat: expected an integer >= 1, got {args.repeat}", file=sys.stderr)
+        return 2
     try:
         knobs = [tuple(int(v) for v in k.lower().split("x")) for k in args.decode_knobs.split(",") if k]
         if any(len(k) != 2 or min(k) < 1 for k in knobs):
@@ -493,7 +517,7 @@ def main(argv=None) -> int:
     for m in models:
         t0 = time.time()
         try:
-            r = bench_model(m, args.quick, decodes, profile=args.profile, decode_knobs=knobs)
+            r = bench_model(m, args.quick, decodes, profile=args.profile, decode_knobs=knobs, repeat=args.repeat)
         except Exception as e:
             r = {"model": m, "errors": [f"{type(e).__name__}: {e}"[:500]], "trace": traceback.format_exc()[-2000:],
                  "results": []}

@@ -298,8 +298,9 @@ def tik_rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, norm) -> tupl
 def rollout_weights(layer, dtype: torch.dtype) -> dict:
     """The layer's fused rollout weights in ``dtype``: ``qkv`` [(Hq + 2 Hkv) D, H] (+ ``qkv_bias``),
     ``gate_up`` [2I, H] for a dense MLP (None for MoE), and the split sizes. Built once and kept on
-    the layer (rebuilt when a source parameter is replaced or updated in place); detached: the rollout
-    path takes no gradients."""
+    the layer (rebuilt when a source parameter is replaced or updated in place) -- a copy, so those
+    weights are held twice (SGLang holds only the fused ones); detached: the rollout path takes no
+    gradients."""
     attn, mlp = layer.self_attn, layer.mlp
     projs = [attn.q_proj, attn.k_proj, attn.v_proj]
     dense = not hasattr(mlp, "experts")

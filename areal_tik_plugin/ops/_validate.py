@@ -105,6 +105,13 @@ class Memo:
             self._seen.clear()
         self._seen.add(key)
 
+    def once(self, key, check, *args) -> None:
+        """Run ``check(*args)`` unless ``key`` passed before; remember ``key`` once it has passed (a
+        failing check raises and leaves the key out)."""
+        if key not in self:
+            check(*args)
+            self.add(key)
+
     def clear(self) -> None:
         self._seen.clear()
 

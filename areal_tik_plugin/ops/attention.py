@@ -131,9 +131,7 @@ def _attention_varlen_fast(q, k, v, cu_seqlens, max_seqlen=None, softmax_scale=N
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss); ``max_seqlen`` checked
     (or computed with the value check) on every call; then the same kernel call."""
     key = (V.sig(q), V.sig(k), V.sig(v), V.sig(cu_seqlens), V.sig(softmax_scale))
-    if key not in _MEMO_VARLEN:
-        _scale(softmax_scale, _check_varlen(q, k, v, cu_seqlens))
-        _MEMO_VARLEN.add(key)
+    _MEMO_VARLEN.once(key, lambda: _scale(softmax_scale, _check_varlen(q, k, v, cu_seqlens)))
     max_seqlen = _varlen_max_seqlen(q, cu_seqlens, max_seqlen)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _AttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale)
@@ -234,10 +232,8 @@ def _attention_extend_fast(q, k_cache, v_cache, *, cu_seqlens_q, prefix_lens, kv
     the value checks on every call, then the same kernel call."""
     key = (V.sig(q), V.sig(k_cache), V.sig(v_cache), V.sig(cu_seqlens_q), V.sig(prefix_lens), V.sig(kv_indices),
            V.sig(table_rows), V.sig(softmax_scale), V.sig(page_size))
-    if key not in _MEMO_EXTEND:
-        _scale(softmax_scale, _check_extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows,
-                                            page_size))
-        _MEMO_EXTEND.add(key)
+    _MEMO_EXTEND.once(key, lambda: _scale(softmax_scale, _check_extend(
+        q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size)))
     max_extend_len = _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, max_extend_len,
                                     page_size)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)

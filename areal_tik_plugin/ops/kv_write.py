@@ -74,8 +74,6 @@ def _kv_write_fast(k_cache, v_cache, loc, k, v):
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), the slot value check on
     every call, then the same kernel call."""
     key = (V.sig(k_cache), V.sig(v_cache), V.sig(loc), V.sig(k), V.sig(v))
-    if key not in _MEMO:
-        _check(k_cache, v_cache, loc, k, v)
-        _MEMO.add(key)
+    _MEMO.once(key, _check, k_cache, v_cache, loc, k, v)
     _check_loc(k_cache, loc)
     _impl().forward(k_cache, v_cache, loc, k, v)

@@ -94,9 +94,7 @@ def _linear_fast(x, weight, bias=None):
     call on the same ``[M, K]`` operand -- bit-identical results. A 2-D ``x`` (the integrations'
     usual case) skips the reshapes."""
     key = (V.sig(x), V.sig(weight), V.sig(bias))
-    if key not in _MEMO:
-        check_linear_args(x, weight, bias)
-        _MEMO.add(key)
+    _MEMO.once(key, check_linear_args, x, weight, bias)
     if x.dim() != 2:
         return _run(x, weight, bias)
     needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)

@@ -107,9 +107,7 @@ def _rms_norm_fast(x, weight, eps):
     call -- bit-identical results."""
     impl = _impl()
     key = (impl, V.sig(x), V.sig(weight), type(eps), eps)
-    if key not in _MEMO:
-        _check(x, weight, eps)
-        _MEMO.add(key)
+    _MEMO.once(key, _check, x, weight, eps)
     eps = float(eps)
     if not _needs_grad(x, weight):
         return impl.forward(x, weight, eps)
@@ -157,9 +155,7 @@ def _rms_norm_residual_fast(x, residual, weight, eps):
     :func:`_rms_norm_fast`): the same kernel call, bit-identical results, the same errors."""
     impl = _impl()
     key = (impl, V.sig(x), V.sig(residual), V.sig(weight), type(eps), eps)
-    if key not in _MEMO_RES:
-        _check_residual(x, residual, weight, eps)
-        _MEMO_RES.add(key)
+    _MEMO_RES.once(key, _check_residual, x, residual, weight, eps)
     return _run_residual(impl, x, residual, weight, float(eps))
 
 
@@ -206,9 +202,7 @@ def _qk_rms_norm_fast(qk, q_weight, k_weight, num_q_heads, eps):
     :func:`_rms_norm_fast`); the grad check runs on every call."""
     impl = _impl()
     key = (impl, V.sig(qk), V.sig(q_weight), V.sig(k_weight), V.sig(num_q_heads), type(eps), eps)
-    if key not in _MEMO_QK:
-        _check_qk(qk, q_weight, k_weight, num_q_heads, eps)
-        _MEMO_QK.add(key)
-    elif _needs_grad(qk, q_weight, k_weight):
+    _MEMO_QK.once(key, _check_qk, qk, q_weight, k_weight, num_q_heads, eps)
+    if _needs_grad(qk, q_weight, k_weight):  # not in the signature: checked (raises) on every call
         _check_qk(qk, q_weight, k_weight, num_q_heads, eps)
     return impl.forward_two_weights(qk, q_weight, k_weight, int(num_q_heads), float(eps))

@@ -110,13 +110,9 @@ def _apply_rope_fast(q, k, positions, inv_freq, attention_scaling=1.0):
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), the value check on
     every call, then the same kernel call -- bit-identical results."""
     key = (V.sig(q), V.sig(k), V.sig(positions), V.sig(inv_freq), type(attention_scaling), attention_scaling)
-    if key in _MEMO:
-        scaling = float(attention_scaling)
-    else:
-        scaling = _check(q, k, positions, inv_freq, attention_scaling)
-        _MEMO.add(key)
+    _MEMO.once(key, _check, q, k, positions, inv_freq, attention_scaling)
     _check_positions(q, positions)
-    return _run(q, k, positions, inv_freq, scaling)
+    return _run(q, k, positions, inv_freq, float(attention_scaling))
 
 
 def apply_rope_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc):
@@ -165,10 +161,8 @@ def _apply_rope_kv_write_fast(q, k, v, positions, inv_freq, attention_scaling, k
     and the value checks on every call)."""
     key = (V.sig(q), V.sig(k), V.sig(v), V.sig(positions), V.sig(inv_freq), type(attention_scaling),
            attention_scaling, V.sig(k_cache), V.sig(v_cache), V.sig(loc))
-    if key in _MEMO_KV and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
-        scaling = float(attention_scaling)
-    else:
-        scaling = _check_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
-        _MEMO_KV.add(key)
+    _MEMO_KV.once(key, _check_kv_write, q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):  # not in the signature: every call
+        _check_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
     _check_values_kv(q, positions, k_cache, loc)
-    return _impl().forward_kv_write(q, k, v, positions, inv_freq, scaling, k_cache, v_cache, loc)
+    return _impl().forward_kv_write(q, k, v, positions, inv_freq, float(attention_scaling), k_cache, v_cache, loc)

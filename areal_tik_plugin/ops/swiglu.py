@@ -84,9 +84,7 @@ def _swiglu_fast(gate, up):
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
     call -- bit-identical results."""
     key = (V.sig(gate), V.sig(up))
-    if key not in _MEMO:
-        _check(gate, up)
-        _MEMO.add(key)
+    _MEMO.once(key, _check, gate, up)
     return _run(gate, up)
 
 
@@ -124,7 +122,5 @@ def _swiglu_fused_fast(gate_up):
     """:func:`swiglu_fused` with its static checks run once per argument signature (as
     :func:`_swiglu_fast`): the same kernel call, bit-identical results, the same errors."""
     key = V.sig(gate_up)
-    if key not in _MEMO_FUSED:
-        _check_fused(gate_up)
-        _MEMO_FUSED.add(key)
+    _MEMO_FUSED.once(key, _check_fused, gate_up)
     return _run_fused(gate_up)
