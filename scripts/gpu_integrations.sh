@@ -5,7 +5,8 @@
 #   python -m areal_tik_plugin.integrations.areal.gpu_wheels .whl-areal   # areal 1.0.4 + light deps, liger-kernel
 # Usage (device call, carry [".whl", ".whl-areal"]):
 #   bash scripts/gpu_integrations.sh STEP [STEP...]
-# STEPs: sglang | liger | recompute | verify-full | layer-bench | gemm-sweep | host | search | gsm8k | areal-bits
+# STEPs: sglang | liger | recompute | verify-full | layer-bench | gemm-sweep | ops-quick | host | search | gsm8k | areal-bits
+# (ops-quick: contract checks + --quick benchmark grid of TIK_OPS (comma list), a probe, not the evidence call)
 # (search: TIK_DEADLINE_S caps its budget so that TIK_SEARCH_RESERVE_S seconds remain for later steps)
 # (gsm8k: kind nvidia-h200-x2, wheels built with `areal.gpu_wheels .whl-areal --trainer`; not run on a GPU yet;
 #  about 150-200 s per mode, TIK_GSM8K_LIMIT=240 s each)
@@ -78,6 +79,10 @@ for step in "$@"; do
     gemm-sweep)
       timeout "${TIK_GS_LIMIT:-300}" python3 -m areal_tik_plugin.gpu.gemm_sweep --out "$W" ${TIK_GS_ARGS:-} >"$W/gemm_sweep.log" 2>&1 || rc=1
       grep -vE "^\s*$" "$W/gemm_sweep.log" | tail -66 | cut -c1-150;;
+    ops-quick)
+      timeout "${TIK_OPS_LIMIT:-240}" python3 -m areal_tik_plugin.gpu --out "$W" --ops "${TIK_OPS:-rope,attention}" --quick \
+        >"$W/ops-quick.log" 2>&1 || rc=1
+      grep -E "^(FAIL|ERROR)" "$W/ops-quick.log" | cut -c1-300 | head -10; tail -12 "$W/ops-quick.log";;
     host)
       timeout "${TIK_HOST_LIMIT:-120}" python3 -m areal_tik_plugin.gpu.host_overhead --out "$W" >"$W/host.log" 2>&1 || rc=1
       head -12 "$W/host.log"; grep -A30 "ncalls" "$W/host.log" | cut -c1-150;;

@@ -203,10 +203,12 @@ def test_multi_split_paths_agree(tile, split):
     dec = att.decode(q[prompt:].contiguous(), kp, vp, torch.arange(prompt + 1, L + 1, dtype=torch.int32), table,
                      torch.zeros(L - prompt, dtype=torch.int32), sc, 1, table.shape[1], tile=tile, split=split)
     assert_bitwise(dec, full[prompt:])
-    for bd in (0, 8, 16):  # the split merge sliced over the head dim (free knob): same bits
+    # the split merge in a second kernel, sliced over the head dim, or in the last split program of each
+    # (request, kv head) (free knobs): same bits
+    for bd, last in ((0, False), (8, False), (16, False), (0, True)):
         assert_bitwise(att.decode(q[prompt:].contiguous(), kp, vp, torch.arange(prompt + 1, L + 1, dtype=torch.int32),
                                   table, torch.zeros(L - prompt, dtype=torch.int32), sc, 1, table.shape[1],
-                                  tile=tile, split=split, merge_block_d=bd), dec)
+                                  tile=tile, split=split, merge_block_d=bd, merge_in_last=last), dec)
     ext = att.extend(q[prompt:].contiguous(), kp, vp, cu([L - prompt]), torch.tensor([prompt], dtype=torch.int32),
                      table, rows, L - prompt, sc, tile=tile, split=split)
     assert_bitwise(ext, full[prompt:])
@@ -214,6 +216,27 @@ def test_multi_split_paths_agree(tile, split):
     # but accuracy holds
     ref = ref_attention(q, k, v, [L])
     assert (full.double() - ref).abs().max() < ATTN_TOL[torch.bfloat16][0]
+
+
+def test_decode_merge_in_last_program_resets_its_tickets(monkeypatch):
+    """The last split program of each (request, kv head) merges (atomic ticket): the tickets are back
+    at 0 after every call, so repeated calls on one ticket buffer keep the merge kernel's bits, also
+    with requests of 1 split (no ticket taken) next to requests of several."""
+    att = get_implementation().module("attention")
+    lens = [150, 20, 97]
+    seqs = [qkv(n, 6, 3, 32, seed=20 + i) for i, n in enumerate(lens)]
+    kp, vp, table, rows = make_pool([s[1] for s in seqs], [s[2] for s in seqs])
+    q = torch.stack([s[0][-1] for s in seqs])
+    sl = torch.tensor(lens, dtype=torch.int32)
+    args = (q, kp, vp, sl, table, rows, 32 ** -0.5, 1, table.shape[1])
+    ref = att.decode(*args, tile=16, split=32, merge_in_last=False)
+    cnt = torch.zeros(16, dtype=torch.int32)
+    calls = []
+    monkeypatch.setattr(att, "_tickets", lambda device, n: calls.append(n) or cnt)
+    for _ in range(3):
+        assert_bitwise(att.decode(*args, tile=16, split=32, merge_in_last=True), ref)
+        assert not cnt.any()
+    assert calls == [3 * 3] * 3  # B x Hkv tickets per call
 
 
 # --------------------------------------------------------------------------------------------

@@ -256,3 +256,30 @@ def test_split_differs_from_one_chain_and_is_accurate(monkeypatch):
     one = ops.linear(x, w, b)
     assert ((one.double() - ref).abs() <= atol + rtol * ref.abs()).all()
     assert not torch.equal(_bits(y), _bits(one))
+
+
+@pytest.mark.parametrize("K,N", SHAPES + SPLIT_SHAPES[:1])
+def test_persistent_kernel_same_bits(K, N, monkeypatch):
+    """The persistent TMA kernel (a free knob: programs stride over the tiles) gives the default's bits,
+    also when each program runs several tiles (3 'SMs' here) and on a split weight (flat form)."""
+    gemm = get_implementation().module("gemm")
+    monkeypatch.setitem(gemm._NUM_SMS, 0, 3)
+    monkeypatch.setattr(gemm, "_num_sms", lambda device: 3)
+    grids = []
+    kernel = gemm._linear_tma_persistent_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(gemm, "_linear_tma_persistent_kernel", Spy())
+    for bias in (False, True):
+        x, w, b = _data(77, K, N, torch.bfloat16, seed=7, bias=bias)
+        ref = gemm.linear(x, w, b)
+        for bm, bn in ((64, 32), (16, 16)):
+            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3, GROUP_M=2, tma=True, split="fused",
+                       flat=True, persistent=True, name=f"persistent_m{bm}_n{bn}")
+            _assert_bits(gemm.linear(x, w, b, config=cfg), ref, f"{cfg['name']} K={K} N={N} bias={bias}")
+    # TMA needs 16-byte row strides: K=100 / N=47 take the pointer kernel (the same bits, checked above)
+    assert grids == ([] if K % 8 or N % 8 else [(3,)] * 4), grids

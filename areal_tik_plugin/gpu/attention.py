@@ -258,10 +258,14 @@ def _check_free_knobs(rec):
             att.DECODE_WARPS, att.DECODE_STAGES = w, st
             o = att.decode(q[2999:3000].contiguous(), k_pool, v_pool, sl, table, rows[:1], D ** -0.5, 1, 3000)
             rec.bitwise(f"decode_w{w}_s{st}", o, ref_d)
-        for bd, mw in ((0, 4), (16, 1), (64, 2), (128, 1)):  # the split merge sliced over D
+        for bd, mw in ((0, 4), (16, 1), (32, 1), (64, 2), (128, 1)):  # the merge kernel, sliced over D
             o = att.decode(q[2999:3000].contiguous(), k_pool, v_pool, sl, table, rows[:1], D ** -0.5, 1, 3000,
-                           merge_block_d=bd, merge_warps=mw)
+                           merge_block_d=bd, merge_warps=mw, merge_in_last=False)
             rec.bitwise(f"decode_merge_d{bd}_w{mw}", o, ref_d)
+        for it in range(3):  # the merge in the last split program: tickets reset, repeated calls agree
+            o = att.decode(q[2999:3000].contiguous(), k_pool, v_pool, sl, table, rows[:1], D ** -0.5, 1, 3000,
+                           merge_in_last=True)
+            rec.bitwise(f"decode_merge_in_last[{it}]", o, ref_d)
     finally:
         att.DECODE_WARPS, att.DECODE_STAGES = saved
     rec.bitwise("decode_vs_prefill_free_knobs", ref_d, ref[2999:3000])
@@ -418,6 +422,18 @@ def run_bench(rec, quick: bool = False) -> None:
             cud = _time(rec, "decode_cudnn", _sdpa_decode_fn(B, ctx, Hq, Hkv, D))
             nbytes = 2 * B * ctx * Hkv * D * 2
             row = {"kind": "decode", "B": B, "ctx": ctx, "paged": paged, "page16": p16, "dense": dense, "cudnn": cud}
+            if ctx > 1024:  # the split merge as a second kernel (free knob) vs the default, same call
+                from areal_tik_plugin.loader import get_implementation
+
+                att = get_implementation().module("attention")
+                for last in (False, True):
+                    row[f"paged_merge_in_last_{last}"] = _time(rec, f"decode_paged_merge_in_last_{last}", lambda l=last: att.decode(
+                        q, k_pool, v_pool, sl, table, rows, D ** -0.5, 1, ctx, out=out, merge_in_last=l))
+                a, b2 = row["paged_merge_in_last_False"], row["paged_merge_in_last_True"]
+                if a and b2:
+                    row["merge_in_last_speedup_graph"] = bench.ratio(a, b2, "graph_us")
+                    ratios.setdefault("decode_merge_in_last_vs_merge_kernel_graph", []).append(
+                        row["merge_in_last_speedup_graph"])
             if paged:
                 row["paged_TBps_cold"] = nbytes / (paged["cold_us"] * 1e-6) / 1e12
             if paged and cud:

@@ -45,6 +45,9 @@ SMALL_WARPS = (2, 4)
 SMALL_STAGES = (3, 5, 8, 12)
 LARGE = ((128, 256, 8, 3), (128, 256, 8, 4), (128, 128, 8, 3), (128, 128, 8, 4), (128, 128, 4, 4),
          (128, 128, 8, 5), (64, 256, 4, 4), (128, 64, 4, 4), (256, 128, 8, 3))
+# --persistent: the same tile shapes on the persistent TMA kernel (one program per SM striding over the
+# tiles in the grouped order), added to the large-M list
+PERSISTENT = ((128, 128, 4, 4), (128, 128, 4, 3), (128, 128, 8, 4), (128, 256, 8, 3), (64, 256, 4, 4))
 L2_BYTES = 256 << 20  # weight copies per timing so that one graph replay streams this much
 
 
@@ -52,7 +55,7 @@ def _small_bm(M: int) -> int:
     return 16 if M <= 16 else (32 if M <= 32 else 64)
 
 
-def configs(M: int) -> list[dict]:
+def configs(M: int, persistent: bool = False) -> list[dict]:
     out = []
     if M <= 64:
         bm = _small_bm(M)
@@ -65,6 +68,9 @@ def configs(M: int) -> list[dict]:
         for bm, bn, w, st in LARGE:
             out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, GROUP_M=8, tma=True,
                             name=f"l_m{bm}_n{bn}_w{w}_s{st}"))
+        for bm, bn, w, st in PERSISTENT if persistent else ():
+            out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, GROUP_M=8, tma=True,
+                            persistent=True, name=f"p_m{bm}_n{bn}_w{w}_s{st}"))
     return out
 
 
@@ -113,6 +119,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="comma list of model:layer (default: all)")
     ap.add_argument("--split", action="store_true",
                     help="on split weights sweep the split paths / loop forms (split_configs) instead of configs")
+    ap.add_argument("--persistent", action="store_true",
+                    help="large M: add the persistent TMA kernel on the PERSISTENT tiles (split weights: flat form)")
     args = ap.parse_args(argv)
     from areal_tik_plugin.loader import get_implementation
 
@@ -134,7 +142,7 @@ def main(argv=None) -> int:
                    "current_us": _graph_us([lambda w=w: gemm.linear(x, w, config=cur) for w in ws]),
                    "cublas_us": _graph_us([lambda w=w: F.linear(x, w) for w in ws]), "configs": {}, "mismatch": []}
             split_weight = gemm.split_chunk(K) < K
-            for cfg in (split_configs(M) if args.split and split_weight else configs(M)):
+            for cfg in (split_configs(M) if args.split and split_weight else configs(M, args.persistent)):
                 try:
                     y = gemm.linear(x, ws[0], config=cfg)
                     torch.cuda.synchronize()

@@ -49,6 +49,28 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+_TICKETS: dict = {}
+_TICKETS_KEPT: list = []  # replaced buffers stay allocated: a captured CUDA graph may still use them
+
+
+def tickets(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 tickets (atomic counters) for ``n`` tiles, one buffer per (device, stream), shared
+    by every kernel that elects a last program with a ticket (the GEMM split reduce, the decode split
+    merge): each kernel resets the tickets it used before it ends, so the buffer is zero again for the
+    next launch on that stream (stream order) and for CUDA-graph replay; two streams never share one.
+    65536 tickets cover N <= 1M at BLOCK_N 16, or 65536 (request, kv head) pairs."""
+    if device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    buf = _TICKETS.get(key)
+    if buf is None or buf.numel() < n:
+        if buf is not None:
+            _TICKETS_KEPT.append(buf)
+        buf = torch.zeros(max(n, 65536), dtype=torch.int32, device=device)
+        _TICKETS[key] = buf
+    return buf
+
+
 def launch_opts(num_warps: int, num_stages: int = 1) -> dict:
     """Launch keywords: fixed warps, FP contraction off (a*b+c never fused differently)."""
     if interpreting():

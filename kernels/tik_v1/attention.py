@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rowops import cdiv as _cdiv, interpreting as _rowops_interpreting, next_pow2 as _next_pow2
+from ._rowops import cdiv as _cdiv, interpreting as _rowops_interpreting, next_pow2 as _next_pow2, tickets as _tickets
 
 from . import contract as C
 
@@ -44,6 +44,9 @@ DECODE_WARPS = 4
 DECODE_STAGES = 2
 MERGE_BLOCK_D = 32   # decode split merge: head dims per program (elementwise in D; 0 = all of D)
 MERGE_WARPS = 1
+# decode split merge in the last split program of each (request, kv head) (atomic ticket, no second
+# launch) instead of in _attn_decode_merge_kernel; the same merges in the same order
+DECODE_MERGE_IN_LAST = True
 BWD_BLOCK = {"gpu": 64, "cpu": 32}
 BWD_WARPS = 4
 
@@ -58,6 +61,7 @@ KNOBS = {
         "DECODE_STAGES": (1, 2, 3, 4),
         "MERGE_BLOCK_D": (0, 16, 32, 64),
         "MERGE_WARPS": (1, 2, 4),
+        "DECODE_MERGE_IN_LAST": (False, True),
     },
 }
 
@@ -248,7 +252,11 @@ def _attn_decode_kernel(
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
     TILE: tl.constexpr, SPLIT: tl.constexpr,
     KV_LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    CNT=None, MERGE_IN_LAST: tl.constexpr = False,
 ):
+    """Program (request, kv head, split). With MERGE_IN_LAST the split program that finishes last
+    (an atomic ticket per (request, kv head) in CNT) merges every split's state in split order -- the
+    merge kernel's arithmetic, without a second launch -- and resets its ticket to 0."""
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     s = tl.program_id(2)
@@ -315,18 +323,53 @@ def _attn_decode_kernel(
         tl.store(WS_ACC + wbase[:, None] * D + offs_d[None, :], acc, mask=h_ok[:, None])
         tl.store(WS_ML + wbase * 2, m_i, mask=h_ok)
         tl.store(WS_ML + wbase * 2 + 1, l_i, mask=h_ok)
+        if MERGE_IN_LAST:
+            tl.debug_barrier()  # every thread's state is stored before the ticket is taken (release)
+            cnt = CNT + b * tl.num_programs(1) + h_kv
+            ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if ticket == n_splits - 1:  # every split's state is in the workspace (acquire)
+                out = _merge_splits(WS_ACC, WS_ML, b.to(tl.int64) * ws_stride_b + heads * ws_stride_h, n_splits,
+                                    ws_stride_s, h_ok, offs_d, BLOCK_H, D, D, ".cg")
+                tl.store(O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                         out.to(O.dtype.element_ty), mask=h_ok[:, None])
+                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
-def _ws_state(WS_ACC, WS_ML, wb, s, n_splits, ws_stride_s, h_ok, offs_d, D: tl.constexpr):
+def _ws_state(WS_ACC, WS_ML, wb, s, n_splits, ws_stride_s, h_ok, offs_d, D: tl.constexpr, CACHE: tl.constexpr = ""):
     """Split ``s``'s partial state (m, l, acc) from the decode workspace; neutral fill past n_splits
-    (never merged)."""
+    (never merged). CACHE ".cg": read from L2 (states written by other programs of the same launch)."""
     ok = h_ok & (s < n_splits)
     w = wb + s * ws_stride_s
-    m_s = tl.load(WS_ML + w * 2, mask=ok, other=0.0)
-    l_s = tl.load(WS_ML + w * 2 + 1, mask=ok, other=1.0)
-    acc_s = tl.load(WS_ACC + w[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
+    m_s = tl.load(WS_ML + w * 2, mask=ok, other=0.0, cache_modifier=CACHE)
+    l_s = tl.load(WS_ML + w * 2 + 1, mask=ok, other=1.0, cache_modifier=CACHE)
+    acc_s = tl.load(WS_ACC + w[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0, cache_modifier=CACHE)
     return m_s, l_s, acc_s
+
+
+@triton.jit
+def _merge_splits(WS_ACC, WS_ML, wb, n_splits, ws_stride_s, h_ok, offs_d, BLOCK_H: tl.constexpr, BD: tl.constexpr,
+                  D: tl.constexpr, CACHE: tl.constexpr):
+    """ACC / L after merging the splits' states in split order (columns ``offs_d`` of the head dim).
+
+    Split states are loaded four splits ahead of the merge that uses them (a register ring; Triton
+    does not pipeline loads that feed no dot), so the ordered merge chain waits for one workspace
+    read at the start instead of one per split. Same merges in the same order."""
+    M = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    L = tl.zeros((BLOCK_H,), tl.float32)
+    ACC = tl.zeros((BLOCK_H, BD), tl.float32)
+    m0, l0, a0 = _ws_state(WS_ACC, WS_ML, wb, 0, n_splits, ws_stride_s, h_ok, offs_d, D, CACHE)
+    m1, l1, a1 = _ws_state(WS_ACC, WS_ML, wb, 1, n_splits, ws_stride_s, h_ok, offs_d, D, CACHE)
+    m2, l2, a2 = _ws_state(WS_ACC, WS_ML, wb, 2, n_splits, ws_stride_s, h_ok, offs_d, D, CACHE)
+    m3, l3, a3 = _ws_state(WS_ACC, WS_ML, wb, 3, n_splits, ws_stride_s, h_ok, offs_d, D, CACHE)
+    for s in range(0, n_splits):
+        m_s, l_s, acc_s = m0, l0, a0
+        m0, l0, a0 = m1, l1, a1
+        m1, l1, a1 = m2, l2, a2
+        m2, l2, a2 = m3, l3, a3
+        m3, l3, a3 = _ws_state(WS_ACC, WS_ML, wb, s + 4, n_splits, ws_stride_s, h_ok, offs_d, D, CACHE)
+        M, L, ACC = _merge(M, L, ACC, m_s, l_s, acc_s)
+    return ACC / L[:, None]
 
 
 @triton.jit
@@ -349,25 +392,8 @@ def _attn_decode_merge_kernel(
     offs_d = tl.program_id(2) * BD + tl.arange(0, BD)
     h_ok = offs_h < GROUP
     heads = h_kv * GROUP + offs_h
-    M = tl.full((BLOCK_H,), float("-inf"), tl.float32)
-    L = tl.zeros((BLOCK_H,), tl.float32)
-    ACC = tl.zeros((BLOCK_H, BD), tl.float32)
-    # Split states are loaded four splits ahead of the merge that uses them (a register
-    # ring; Triton does not pipeline loads that feed no dot), so the ordered merge chain waits for
-    # one workspace read at the start instead of one per split. Same merges in the same order.
-    wb = b.to(tl.int64) * ws_stride_b + heads * ws_stride_h
-    m0, l0, a0 = _ws_state(WS_ACC, WS_ML, wb, 0, n_splits, ws_stride_s, h_ok, offs_d, D)
-    m1, l1, a1 = _ws_state(WS_ACC, WS_ML, wb, 1, n_splits, ws_stride_s, h_ok, offs_d, D)
-    m2, l2, a2 = _ws_state(WS_ACC, WS_ML, wb, 2, n_splits, ws_stride_s, h_ok, offs_d, D)
-    m3, l3, a3 = _ws_state(WS_ACC, WS_ML, wb, 3, n_splits, ws_stride_s, h_ok, offs_d, D)
-    for s in range(0, n_splits):
-        m_s, l_s, acc_s = m0, l0, a0
-        m0, l0, a0 = m1, l1, a1
-        m1, l1, a1 = m2, l2, a2
-        m2, l2, a2 = m3, l3, a3
-        m3, l3, a3 = _ws_state(WS_ACC, WS_ML, wb, s + 4, n_splits, ws_stride_s, h_ok, offs_d, D)
-        M, L, ACC = _merge(M, L, ACC, m_s, l_s, acc_s)
-    out = ACC / L[:, None]
+    out = _merge_splits(WS_ACC, WS_ML, b.to(tl.int64) * ws_stride_b + heads * ws_stride_h, n_splits, ws_stride_s,
+                        h_ok, offs_d, BLOCK_H, BD, D, "")
     tl.store(O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=h_ok[:, None])
 
@@ -486,7 +512,7 @@ def _cfg(**over):
         "block_m": PREFILL_BLOCK_M["gpu" if gpu else "cpu"], "warps": PREFILL_WARPS, "stages": PREFILL_STAGES,
         "scratch": PREFILL_SCRATCH_ACC and gpu,
         "dec_warps": DECODE_WARPS, "dec_stages": DECODE_STAGES,
-        "merge_block_d": MERGE_BLOCK_D, "merge_warps": MERGE_WARPS,
+        "merge_block_d": MERGE_BLOCK_D, "merge_warps": MERGE_WARPS, "merge_in_last": DECODE_MERGE_IN_LAST,
     }
     for k, v in over.items():
         if v is not None:
@@ -583,15 +609,17 @@ def decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale,
         skb, skt, skh = 0, k_cache.stride(0), k_cache.stride(1)
         svb, svt, svh = 0, v_cache.stride(0), v_cache.stride(1)
     ws_sb, ws_sh, ws_ss = Hq * max_splits, max_splits, 1
+    last = (dict(CNT=_tickets(q.device, B * Hkv), MERGE_IN_LAST=True)
+            if max_splits > 1 and cfg["merge_in_last"] else {})
     _attn_decode_kernel[(B, Hkv, max_splits)](
         q, k_cache, v_cache, o, ws_acc, ws_ml, seq_lens, table, tstride, rows,
         q.stride(0), q.stride(1), skb, skt, skh, svb, svt, svh, o.stride(0), o.stride(1),
         ws_sb, ws_sh, ws_ss, softmax_scale * LOG2E,
         GROUP=group, BLOCK_H=block_h, D=D, TILE=tile, SPLIT=split,
-        KV_LAYOUT=layout, PAGE_SIZE=page_size,
+        KV_LAYOUT=layout, PAGE_SIZE=page_size, **last,
         **_launch_opts(cfg["dec_warps"], cfg["dec_stages"]),
     )
-    if max_splits > 1:
+    if max_splits > 1 and not last:
         bd = min(D, cfg["merge_block_d"]) if cfg["merge_block_d"] else D
         _attn_decode_merge_kernel[(B, Hkv, _cdiv(D, bd))](
             o, ws_acc, ws_ml, seq_lens, o.stride(0), o.stride(1), ws_sb, ws_sh, ws_ss,

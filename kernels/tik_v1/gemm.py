@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from . import contract as C
-from ._rowops import cdiv as _cdiv, interpreting as _rowops_interpreting, next_pow2 as _next_pow2
+from ._rowops import cdiv as _cdiv, interpreting as _rowops_interpreting, next_pow2 as _next_pow2, tickets as _tickets
 
 # ------------------------------------------------------------------------------------------------
 # Free knobs (bits do not depend on any of these; the search may move them freely).
@@ -304,6 +304,44 @@ def _linear_tma_kernel(
 
 
 @triton.jit(do_not_specialize=["M"])
+def _linear_tma_persistent_kernel(
+    x_desc, w_desc, y_desc, Bias, M, N, K,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1,
+):
+    """The TMA kernel's arithmetic, persistent: NUM_PROGRAMS programs stride over the tiles in the
+    grouped order, so the next tile's loads overlap this tile's epilogue (Triton 3.6's Hopper warp
+    specialization was tried: it fails to compile at 4 warps and changes nothing at 8). Each tile is
+    still one chain per chunk in increasing K order (split weight: the flat form, chunks in order)."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if N_CHUNKS == 1:
+            for ki in range(k_tiles):
+                a = x_desc.load([off_m, ki * BLOCK_K])
+                b = w_desc.load([off_n, ki * BLOCK_K])
+                acc = tl.dot(a, b.T, acc)
+        else:
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in range(k_tiles):
+                a = x_desc.load([off_m, ki * BLOCK_K])
+                b = w_desc.load([off_n, ki * BLOCK_K])
+                part = tl.dot(a, b.T, part)
+                if ((ki + 1) % (CHUNK_K // BLOCK_K) == 0) | (ki == k_tiles - 1):
+                    acc = acc + part
+                    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        acc = _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS)
+        y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["M"])
 def _linear_partial_kernel(
     X, W, P, M, N, K, stride_xm, stride_wn,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -479,24 +517,11 @@ REDUCE_BLOCK = 1024      # free: elements per program of the small-M split reduc
 # free: the small-M split's ordered reduction runs in the last chunk program of each tile (atomic
 # ticket, no second launch) instead of in _linear_reduce_kernel; same additions, same order
 SPLIT_REDUCE_IN_LAST = True
-_TILE_COUNTERS: dict = {}
-_TILE_COUNTERS_KEPT: list = []  # replaced buffers stay allocated: a captured CUDA graph may still use them
 
 
 def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 tickets for ``n`` tiles, one buffer per (device, stream): the kernels reset the
-    tickets they use, so the buffer is reused by every later call (and CUDA-graph replay) on that
-    stream; GEMMs on two streams never share tickets. 65536 tickets cover N <= 1M at BLOCK_N 16."""
-    if device.type != "cuda":
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    buf = _TILE_COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _TILE_COUNTERS_KEPT.append(buf)
-        buf = torch.zeros(max(n, 65536), dtype=torch.int32, device=device)
-        _TILE_COUNTERS[key] = buf
-    return buf
+    """The tile tickets of the split reduce in the last program (shared buffer, see _rowops.tickets)."""
+    return _tickets(device, n)
 
 
 def _tma_ok(*tensors) -> bool:
@@ -552,11 +577,21 @@ def linear(x, weight, bias=None, config=None, out=None):
         x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [bm, bk])
         w_desc = TensorDescriptor(weight, [N, K], [weight.stride(0), 1], [bn, bk])
         y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn])
-        _linear_tma_kernel[grid](
-            x_desc, w_desc, y_desc, b, M, N, K,
-            HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], **split,
-            **_launch_opts(cfg),
-        )
+        if cfg.get("persistent", False):
+            n_prog = min(grid[0], _num_sms(x.device) * int(cfg.get("programs_per_sm", 1)))
+            split.pop("SPLIT_FLAT", None)
+            _linear_tma_persistent_kernel[(n_prog,)](
+                x_desc, w_desc, y_desc, b, M, N, K,
+                HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
+                NUM_PROGRAMS=n_prog, **split,
+                **_launch_opts(cfg),
+            )
+        else:
+            _linear_tma_kernel[grid](
+                x_desc, w_desc, y_desc, b, M, N, K,
+                HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], **split,
+                **_launch_opts(cfg),
+            )
     else:
         _linear_ptr_kernel[grid](
             x, weight, b, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
