@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     failures = []
 
     def compile_one(label, fn, sig, consts, aligned, opts, gemm_like=True):
+        if "PDL" in fn.arg_names:  # what an sm_90 launch gets (kernels/tik_v1/_rowops.py, PDL)
+            sig, consts, opts = {**sig, "PDL": "constexpr"}, {**consts, "PDL": True}, {**opts, "launch_pdl": True}
         try:
             src = ASTSource(fn=fn, signature=sig, constexprs=consts,
                             attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
@@ -60,6 +62,8 @@ def main(argv=None) -> int:
             print(f"FAIL {label}: {type(e).__name__}: {str(e)[:300]}")
             return
         ptx = c.asm["ptx"]
+        if consts.get("PDL") and "griddepcontrol.wait" not in ptx:
+            failures.append(f"{label}: PDL launch without griddepcontrol.wait")
         with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
             f.write(ptx)
         r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
@@ -105,7 +109,21 @@ def main(argv=None) -> int:
                                   SPLIT_FLAT=bool(cfg.get("flat", gemm.SPLIT_FLAT)) and n_chunks > 1)
                     compile_one(f"linear_ptr/{dt}/{cfg['name']}{tag}/b{int(has_bias)}e{int(even_k)}",
                                 gemm._linear_ptr_kernel, sig, consts, [i for i in aligned_ptr if i != 4], opts)
-                if cfg["tma"]:
+                if cfg["tma"] and cfg.get("persistent"):
+                    for has_bias in (False, True):
+                        def desc(shape):
+                            return f"tensordesc<{dt}[{shape[0]}, {shape[1]}]>"
+
+                        sig = {"x_desc": desc([bm, bk]), "w_desc": desc([bn, bk]), "y_desc": desc([bm, bn]),
+                               "Bias": f"*{dt}", "M": "i32", "N": "i32", "K": "i32", "HAS_BIAS": "constexpr",
+                               "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+                               "GROUP": "constexpr", "NUM_PROGRAMS": "constexpr", "CHUNK_K": "constexpr",
+                               "N_CHUNKS": "constexpr"}
+                        consts = dict(HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
+                                      NUM_PROGRAMS=132, CHUNK_K=chunk, N_CHUNKS=n_chunks)
+                        compile_one(f"linear_tma_persistent/{dt}/{cfg['name']}{tag}/b{int(has_bias)}",
+                                    gemm._linear_tma_persistent_kernel, sig, consts, [3, 5, 6], opts)
+                elif cfg["tma"]:
                     for has_bias in (False, True):
                         def desc(shape):
                             return f"tensordesc<{dt}[{shape[0]}, {shape[1]}]>"

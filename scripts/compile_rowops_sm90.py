@@ -73,7 +73,7 @@ def compile_record(kernel, args, kw):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kw}
+    opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion", "launch_pdl") if k in kw}
     names = [p.name for p in kernel.params]
     values = dict(zip(names, args))
     values.update(kw)
@@ -121,6 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     mod = load_impl_no_interp(args.impl)
+    mod("_rowops")._PDL_DEVICES[-1] = True  # compile what an sm_90 launch gets: PDL on (no GPU here)
     import torch
 
     failures = []
@@ -137,6 +138,8 @@ def main(argv=None) -> int:
                 c = compile_record(kernel, a, dict(kw))
                 outs.append((kernel.fn.__name__, c))
                 n_compiled += 1
+                if kw.get("launch_pdl") and "griddepcontrol.wait" not in c.asm["ptx"]:
+                    failures.append(f"{label}: {kernel.fn.__name__}: launched with PDL but no griddepcontrol.wait")
             except Exception as e:
                 failures.append(f"{label}: {kernel.fn.__name__}: {type(e).__name__}: {str(e)[:2000]}")
         return outs

@@ -9,14 +9,15 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 # TIK_FINAL_ATTN_BENCH=0: attention contract checks without its benchmark grid (for a kernel change
-# outside attention.py, whose benchmarks are then those of the last full run); TIK_FINAL_LAYER_BENCH=1:
-# the layer bench (--quick) after the suites, its JSON and log under $OUT. Order: ops, layer bench, attention.
+# outside attention.py, whose benchmarks are then those of the last full run); =quick: the full checks
+# with the --quick benchmark grid; TIK_FINAL_LAYER_BENCH=1: the layer bench (TIK_FINAL_LB_ARGS, default
+# --quick) after the suites, its JSON and log under $OUT. Order: ops, layer bench, attention.
 python3 -m areal_tik_plugin.gpu --out "$OUT" --ops rmsnorm,rope,swiglu,kv_write,logprob,gemm,moe --quick >"$OUT/ops.log" 2>&1; b=$?
 c=0
 if [ "${TIK_FINAL_LAYER_BENCH:-0}" = 1 ]; then
-  timeout "${TIK_LB_LIMIT:-200}" python3 -m areal_tik_plugin.gpu.layer_bench --out "$OUT" --quick >"$OUT/layer_bench.log" 2>&1; c=$?
+  timeout "${TIK_LB_LIMIT:-200}" python3 -m areal_tik_plugin.gpu.layer_bench --out "$OUT" ${TIK_FINAL_LB_ARGS:---quick} >"$OUT/layer_bench.log" 2>&1; c=$?
 fi
-nb=; [ "${TIK_FINAL_ATTN_BENCH:-1}" = 0 ] && nb=--no-bench
+nb=; [ "${TIK_FINAL_ATTN_BENCH:-1}" = 0 ] && nb=--no-bench; [ "${TIK_FINAL_ATTN_BENCH:-1}" = quick ] && nb=--quick-bench
 python3 -m areal_tik_plugin.gpu --out "$OUT" --ops attention $nb >"$OUT/attention.log" 2>&1; a=$?
 grep -E "^(FAIL|ERROR)" "$OUT/attention.log" "$OUT/ops.log" | cut -c1-300 | head -20
 [ "${TIK_FINAL_LAYER_BENCH:-0}" = 1 ] && grep -E "ratio baseline|ERROR" "$OUT/layer_bench.log"

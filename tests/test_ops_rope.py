@@ -223,6 +223,7 @@ def test_token_tile_kernel_same_bits_as_head_block_kernel(monkeypatch, T, Hq, Hk
     pos = torch.randint(0, 40000, (T,), generator=torch.Generator().manual_seed(T))
     inv = inv_freq(R)
     out = {}
+    monkeypatch.setattr(rope, "TOKEN_TILES_MIN_T", 1)  # token tiles at any T (default: from 1024 tokens)
     for tiles in (False, True):
         monkeypatch.setattr(rope, "TOKEN_TILES", tiles)
         out[tiles] = (rope.forward(q, k, pos, inv, 0.8), rope.backward(q, k, pos, inv, 0.8))

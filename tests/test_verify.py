@@ -123,8 +123,12 @@ def test_layer_bench_runs_every_phase_on_cpu(monkeypatch, model):
     monkeypatch.setattr(LB, "_time", fake_time)
     knobs = ((4, 3), (8, 2)) if model == "tiny-qwen3" else ()
     r = LB.bench_model(model, True, (3,), prompt=6, device="cpu", ctx_points=(1, 3), profile=True,
-                       decode_knobs=knobs, repeat=2 if knobs else 1)
+                       decode_knobs=knobs, repeat=2 if knobs else 1, pdl_probe=bool(knobs))
     assert r["errors"] == [], r["errors"]
+    if knobs:  # PDL off / on (a no-op under the interpreter), 3 alternations, bits compared
+        pp = r["pdl_probe"]
+        assert pp["same_bits"] and len(pp["samples"]["on"]) == 3 == len(pp["samples"]["off"]), pp
+        assert pp["speedup_graph"] == 1.0
     if knobs:  # repeat=2: both stacks timed twice per context, medians used
         assert all(len(d["samples"]["plugin"]) == 2 == len(d["samples"]["baseline"]) for d in r["decode_steps"])
     assert LB._median_time([{"a": 3.0, "b": None}, {"a": 1.0, "b": None}, None, {"a": 2.0, "b": None}]) == \

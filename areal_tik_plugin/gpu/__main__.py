@@ -19,6 +19,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="folder for the evidence JSON")
     ap.add_argument("--ops", default=",".join(OP_MODULES), help=f"comma list from {list(OP_MODULES)}")
     ap.add_argument("--quick", action="store_true", help="smaller grids (smoke run)")
+    ap.add_argument("--quick-bench", action="store_true", help="smaller benchmark grids, full contract checks")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-checks", action="store_true")
     args = ap.parse_args(argv)
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
         if not args.no_checks:
             rec.run(f"{op}.checks", mod.run_checks, rec, args.quick)
         if not args.no_bench:
-            rec.run(f"{op}.bench", mod.run_bench, rec, args.quick)
+            rec.run(f"{op}.bench", mod.run_bench, rec, args.quick or args.quick_bench)
         record["ops"][op] = rec.to_json()
         record["ops"][op]["seconds"] = round(time.time() - t0, 1)
         with open(path + ".tmp", "w") as f:  # keep partial results if a later op dies

@@ -268,6 +268,15 @@ def _check_free_knobs(rec):
             rec.bitwise(f"decode_merge_in_last[{it}]", o, ref_d)
     finally:
         att.DECODE_WARPS, att.DECODE_STAGES = saved
+    ro = get_implementation().module("_rowops")
+    saved_pdl = ro.PDL
+    try:  # programmatic dependent launch off (free knob)
+        ro.PDL = False
+        rec.bitwise("prefill_no_pdl", att.prefill(q, k, v, cu, max(lens), D ** -0.5), ref)
+        rec.bitwise("decode_no_pdl", att.decode(q[2999:3000].contiguous(), k_pool, v_pool, sl, table, rows[:1],
+                                                D ** -0.5, 1, 3000), ref_d)
+    finally:
+        ro.PDL = saved_pdl
     rec.bitwise("decode_vs_prefill_free_knobs", ref_d, ref[2999:3000])
 
 
@@ -427,8 +436,10 @@ def run_bench(rec, quick: bool = False) -> None:
 
                 att = get_implementation().module("attention")
                 for last in (False, True):
-                    row[f"paged_merge_in_last_{last}"] = _time(rec, f"decode_paged_merge_in_last_{last}", lambda l=last: att.decode(
-                        q, k_pool, v_pool, sl, table, rows, D ** -0.5, 1, ctx, out=out, merge_in_last=l))
+                    row[f"paged_merge_in_last_{last}"] = _time(
+                        rec, f"decode_paged_merge_in_last_{last}",
+                        lambda l=last: att.decode(q, k_pool, v_pool, sl, table, rows, D ** -0.5, 1, ctx, out=out,
+                                                  merge_in_last=l))
                 a, b2 = row["paged_merge_in_last_False"], row["paged_merge_in_last_True"]
                 if a and b2:
                     row["merge_in_last_speedup_graph"] = bench.ratio(a, b2, "graph_us")

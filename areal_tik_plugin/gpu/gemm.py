@@ -179,6 +179,51 @@ def _check_graph(rec):
         rec.bitwise(f"graph_op_vs_eager[N={N}/K={K}/M={M}]", y_static.clone(), linear(x, w))
 
 
+def _check_pdl(rec):
+    """Programmatic dependent launch (free knob ``_rowops.PDL``, on by default on sm_90): a chain of
+    dependent kernels -- GEMM (split partials with the reduce in the last program, or the persistent
+    large-M kernel), RMSNorm, SwiGLU, GEMM -- gives the bits of the same chain launched without PDL,
+    eagerly and replayed from a CUDA graph on fresh inputs (a consumer that read its input before the
+    producer finished would show here)."""
+    from areal_tik_plugin.loader import get_implementation
+    from areal_tik_plugin.ops import rms_norm, swiglu_fused
+
+    ro = get_implementation().module("_rowops")
+    _, w1, _ = _data(1, 2 * 4864, 2560, seed=11)
+    _, w2, _ = _data(1, 2560, 4864, seed=12)
+    wn = torch.rand(2560, device=DEV, dtype=torch.bfloat16) + 0.5
+
+    def chain(x):
+        return linear(swiglu_fused(linear(rms_norm(x, wn, 1e-6), w1)), w2)
+
+    default = ro.PDL
+    try:
+        for M in (1, 64, 1024):
+            x = torch.randn(M, 2560, device=DEV, dtype=torch.bfloat16)
+            ro.PDL = False
+            ref = chain(x)
+            ro.PDL = True
+            rec.bitwise(f"pdl_eager[M={M}]", chain(x), ref)
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                chain(x)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                y = chain(x)
+            for it in range(3):
+                x.copy_(torch.randn_like(x))
+                g.replay()
+                torch.cuda.synchronize()
+                ro.PDL = False
+                want = chain(x)
+                ro.PDL = True
+                rec.bitwise(f"pdl_graph_vs_no_pdl[M={M}/{it}]", y.clone(), want)
+    finally:
+        ro.PDL = default
+
+
 def _check_accuracy(rec, quick, shapes=None, Ms=None):
     shapes = shapes or [SHAPES[("qwen3-4b", "qkv")], SHAPES[("qwen2.5-1.5b", "qkv")], (333, 1000, True)]
     for dtype in (torch.bfloat16, torch.float16):
@@ -243,6 +288,7 @@ def run_checks(rec, quick: bool = False) -> None:
     rec.run("fused_vs_separate[4b-qkv]", _check_fused_vs_separate, rec, "4b-qkv", (4096, 1024, 1024), 2560)
     rec.run("zero_rows", _check_zero_rows, rec)
     rec.run("cuda_graph", _check_graph, rec)
+    rec.run("pdl_chain", _check_pdl, rec)
     rec.run("accuracy", _check_accuracy, rec, quick)
     rec.run("backward", _check_backward, rec)
 

@@ -222,13 +222,43 @@ def _probe_decode_knobs(step, knobs, errors) -> list[dict[str, Any]]:
     return rows
 
 
+def _probe_pdl(step, errors, repeat: int = 3) -> dict[str, Any]:
+    """Re-time the plugin decode step (graph replay) with programmatic dependent launch off and on (the
+    free knob ``_rowops.PDL``), alternating ``repeat`` times, medians; the outputs are compared bit for bit."""
+    import torch
+
+    from areal_tik_plugin import loader
+    from areal_tik_plugin.gpu.suite import bits
+
+    ro = loader.current_module("_rowops")
+    default = ro.PDL
+    ref = bits(step()).clone()
+    samples: dict[str, list] = {"on": [], "off": []}
+    same = True
+    try:
+        for _ in range(repeat):
+            for key, val in (("off", False), ("on", True)):
+                ro.PDL = val
+                same = same and bool(torch.equal(bits(step()), ref))
+                samples[key].append(_time(step, graph=True, errors=errors, tag=f"plugin.decode[pdl {key}]"))
+    finally:
+        ro.PDL = default
+    on, off = _median_time(samples["on"]), _median_time(samples["off"])
+    out = {"default": default, "on": on, "off": off, "same_bits": same, "samples": samples}
+    if on and off and on.get("graph_us") and off.get("graph_us"):
+        out["speedup_graph"] = off["graph_us"] / on["graph_us"]
+    return out
+
+
 def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT, device: str = "cuda",
-                ctx_points=None, profile: bool = False, decode_knobs=(), repeat: int = 1) -> dict[str, Any]:
+                ctx_points=None, profile: bool = False, decode_knobs=(), repeat: int = 1,
+                pdl_probe: bool = False) -> dict[str, Any]:
     """Every phase of one model's layer; ``prompt``/``device``/``ctx_points`` exist for CPU smoke tests.
     ``profile``: also record the top kernels of the plugin's and the baseline's prefill and decode step.
     ``decode_knobs``: ``(warps, stages)`` pairs of the attention decode kernel to probe (see
     :func:`_probe_decode_knobs`). ``repeat``: decode steps timed that many times per context, the two
-    stacks alternating, medians used (the samples are kept)."""
+    stacks alternating, medians used (the samples are kept). ``pdl_probe``: the plugin decode step at
+    the last context with programmatic dependent launch off and on (:func:`_probe_pdl`)."""
     import torch
     import torch.nn.functional as F
 
@@ -383,6 +413,8 @@ def bench_model(name: str, quick: bool, decodes=DECODES, *, prompt: int = PROMPT
             out["profile"]["baseline.decode"] = _profile(bs) if dec_base else []
         if decode_knobs and ctxs:
             out["decode_knobs"] = _probe_decode_knobs(plug_step, decode_knobs, errors)
+        if pdl_probe and ctxs:
+            out["pdl_probe"] = _probe_pdl(plug_step, errors, max(repeat, 3))
 
     # ---------------- policy update (training) ------------------------------------------------------
     params_p = [p for p in plug.parameters() if p.requires_grad]
@@ -485,6 +517,9 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-knobs", default="",
                     help="comma list of WARPSxSTAGES for the attention decode kernel, re-timed on the plugin "
                          "decode step at the last context (free knobs; bits compared), e.g. 4x3,8x3")
+    ap.add_argument("--pdl-probe", action="store_true",
+                    help="re-time the plugin decode step at the last context with programmatic dependent launch "
+                         "off and on (free knob; bits compared)")
     args = ap.parse_args(argv)
 
     import torch
@@ -517,7 +552,8 @@ def main(argv=None) -> int:
     for m in models:
         t0 = time.time()
         try:
-            r = bench_model(m, args.quick, decodes, profile=args.profile, decode_knobs=knobs, repeat=args.repeat)
+            r = bench_model(m, args.quick, decodes, profile=args.profile, decode_knobs=knobs, repeat=args.repeat,
+                            pdl_probe=args.pdl_probe)
         except Exception as e:
             r = {"model": m, "errors": [f"{type(e).__name__}: {e}"[:500]], "trace": traceback.format_exc()[-2000:],
                  "results": []}
@@ -550,6 +586,12 @@ def main(argv=None) -> int:
                 pv = p.get(ph, 0.0)
                 ratio = f"{b[ph] / pv:>7.2f}" if pv else f"{'':>7}"
                 print(f"{r['model']:<15}{row['decode']:>6}  {ph:<14}{pv:>11.0f}{b[ph]:>11.0f}{ratio}")
+    for r in rec["models"]:
+        pp = r.get("pdl_probe")
+        if pp:
+            us = [(pp[k] or {}).get("graph_us") for k in ("off", "on")]
+            print(f"pdl probe {r['model']}: decode step off {us[0]} us, on {us[1]} us, "
+                  f"speedup {pp.get('speedup_graph')}, same bits {pp['same_bits']}")
     s = rec["summary"]
     if s["n"]:
         print(f"ratio baseline/plugin: mean {s['mean_ratio']:.3f}, geomean {s['geomean_ratio']:.3f}, "

@@ -96,7 +96,9 @@ def _check_free_knobs(rec, hq, hkv, d, theta):
     pos = _packed_positions(N_ACC, seed=5)
     inv = _inv_freq(d, theta)
     ref = rope.forward(q, k, pos, inv, 1.0)
-    saved = (rope.HEAD_ELEMS, rope.WARPS, rope.TOKEN_TILES, rope.TOKEN_TILE_ELEMS, rope.TOKEN_WARPS)
+    saved = (rope.HEAD_ELEMS, rope.WARPS, rope.TOKEN_TILES, rope.TOKEN_TILE_ELEMS, rope.TOKEN_WARPS,
+             rope.TOKEN_TILES_MIN_T)
+    rope.TOKEN_TILES_MIN_T = 1
     try:  # both launch layouts: (token, head block) programs and (token tile x all heads) programs
         for tiles, he, w in ((False, 512, 1), (False, 1024, 2), (False, 4096, 4), (False, 8192, 8),
                              (True, 2048, 4), (True, 8192, 4), (True, 16384, 8)):
@@ -110,7 +112,8 @@ def _check_free_knobs(rec, hq, hkv, d, theta):
             rec.bitwise(f"free_knobs_q[{tag}]", o[0], ref[0])
             rec.bitwise(f"free_knobs_k[{tag}]", o[1], ref[1])
     finally:
-        rope.HEAD_ELEMS, rope.WARPS, rope.TOKEN_TILES, rope.TOKEN_TILE_ELEMS, rope.TOKEN_WARPS = saved
+        (rope.HEAD_ELEMS, rope.WARPS, rope.TOKEN_TILES, rope.TOKEN_TILE_ELEMS, rope.TOKEN_WARPS,
+         rope.TOKEN_TILES_MIN_T) = saved
 
 
 def _check_graph(rec, hq, hkv, d, theta):

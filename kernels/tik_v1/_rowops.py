@@ -28,6 +28,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 # Triton picks the interpreter when a @triton.jit function is defined, i.e. when this implementation
@@ -71,11 +72,43 @@ def tickets(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+# Programmatic dependent launch (free knob; sm_90+): every kernel of this implementation is launched
+# with launch_pdl and starts with pdl_start(PDL), which waits for the previous kernel on the stream to
+# finish (griddepcontrol.wait: all its memory operations visible) before its first load or store, then
+# lets the next kernel's programs be scheduled. So a kernel's launch and scheduling overlap the tail of
+# the one before it (decode steps are chains of ~20 short kernels, replayed as CUDA graphs); no
+# instruction that touches memory runs earlier, so no value and no bit changes.
+PDL = True
+_PDL_DEVICES: dict = {}
+
+
+def pdl_opts() -> dict:
+    """``PDL`` constexpr + ``launch_pdl`` for a launch on the current CUDA device (sm_90 or newer)."""
+    if not PDL or interpreting():
+        return {}
+    try:
+        idx = torch.cuda.current_device()
+    except (AssertionError, RuntimeError):  # no CUDA (the sm_90 compile checks on a CPU box)
+        idx = -1
+    ok = _PDL_DEVICES.get(idx)
+    if ok is None:
+        ok = _PDL_DEVICES[idx] = idx >= 0 and torch.cuda.get_device_capability(idx)[0] >= 9
+    return {"PDL": True, "launch_pdl": True} if ok else {}
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    """First statement of every kernel (see ``PDL``)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
 def launch_opts(num_warps: int, num_stages: int = 1) -> dict:
-    """Launch keywords: fixed warps, FP contraction off (a*b+c never fused differently)."""
+    """Launch keywords: fixed warps, FP contraction off (a*b+c never fused differently), PDL."""
     if interpreting():
         return {}
-    return {"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": False}
+    return {"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": False, **pdl_opts()}
 
 
 def vec_for(n: int, elem_size: int) -> int:

@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rowops import cdiv as _cdiv, interpreting as _rowops_interpreting, next_pow2 as _next_pow2, tickets as _tickets
+from ._rowops import (cdiv as _cdiv, interpreting as _rowops_interpreting, launch_opts as _rowops_launch_opts,
+                      next_pow2 as _next_pow2, pdl_start, tickets as _tickets)
 
 from . import contract as C
 
@@ -45,8 +46,10 @@ DECODE_STAGES = 2
 MERGE_BLOCK_D = 32   # decode split merge: head dims per program (elementwise in D; 0 = all of D)
 MERGE_WARPS = 1
 # decode split merge in the last split program of each (request, kv head) (atomic ticket, no second
-# launch) instead of in _attn_decode_merge_kernel; the same merges in the same order
-DECODE_MERGE_IN_LAST = True
+# launch) instead of in _attn_decode_merge_kernel; the same merges in the same order. Measured slower
+# (session-14 H200 probe, graph replay, ctx 4096 / 8192, B 1..16: 0.89x of the merge kernel; b1/8K
+# 23.8 vs 20.1 us): one program per (request, kv head) runs the whole ordered merge after its split.
+DECODE_MERGE_IN_LAST = False
 BWD_BLOCK = {"gpu": 64, "cpu": 32}
 BWD_WARPS = 4
 
@@ -70,9 +73,7 @@ def _interpreting() -> bool:
 
 
 def _launch_opts(num_warps, num_stages):
-    if _interpreting():
-        return {}
-    return {"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": False}
+    return _rowops_launch_opts(num_warps, num_stages)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -172,7 +173,9 @@ def _attn_fwd_kernel(
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE: tl.constexpr, SPLIT: tl.constexpr,
     KV_LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, STORE_LSE: tl.constexpr, SCRATCH_ACC: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -252,11 +255,12 @@ def _attn_decode_kernel(
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
     TILE: tl.constexpr, SPLIT: tl.constexpr,
     KV_LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    CNT=None, MERGE_IN_LAST: tl.constexpr = False,
+    CNT=None, MERGE_IN_LAST: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program (request, kv head, split). With MERGE_IN_LAST the split program that finishes last
     (an atomic ticket per (request, kv head) in CNT) merges every split's state in split order -- the
     merge kernel's arithmetic, without a second launch -- and resets its ticket to 0."""
+    pdl_start(PDL)
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     s = tl.program_id(2)
@@ -377,10 +381,11 @@ def _attn_decode_merge_kernel(
     O, WS_ACC, WS_ML, seq_lens,
     stride_ob, stride_oh, ws_stride_b, ws_stride_h, ws_stride_s,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_D: tl.constexpr = 0,
+    BLOCK_D: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     """Program (request, kv head, slice of BLOCK_D head dims): the merge is elementwise in the head dim
     (m and l are per head and computed the same way by every slice), so slicing D only adds programs."""
+    pdl_start(PDL)
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     ctx = tl.load(seq_lens + b)
@@ -403,7 +408,9 @@ def _attn_decode_merge_kernel(
 # No bitwise requirement across paths; accuracy against an fp32 reference.
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _bwd_preprocess(O, DO, DELTA, stride_ot, stride_oh, total, H, D: tl.constexpr, BLOCK: tl.constexpr):
+def _bwd_preprocess(O, DO, DELTA, stride_ot, stride_oh, total, H, D: tl.constexpr, BLOCK: tl.constexpr,
+                    PDL: tl.constexpr = False):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     h = tl.program_id(1)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -420,8 +427,9 @@ def _bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, cu,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_dt, stride_dh,
     total, qk_scale, sm_scale,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     b = tl.program_id(1)
     h_kv = tl.program_id(2)
@@ -465,8 +473,9 @@ def _bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, cu,
     stride_qt, stride_qh, stride_kt, stride_kh,
     total, qk_scale, sm_scale,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)

@@ -39,7 +39,8 @@ import triton
 import triton.language as tl
 
 from . import contract as C
-from ._rowops import cdiv as _cdiv, interpreting as _rowops_interpreting, next_pow2 as _next_pow2, tickets as _tickets
+from ._rowops import (cdiv as _cdiv, interpreting as _rowops_interpreting, launch_opts as _rowops_launch_opts,
+                      next_pow2 as _next_pow2, pdl_start, tickets as _tickets)
 
 # ------------------------------------------------------------------------------------------------
 # Free knobs (bits do not depend on any of these; the search may move them freely).
@@ -67,20 +68,21 @@ LARGE_M_TILES = (
     (128, 128, 4, 4, 1, 1.00),
     (64, 256, 4, 4, 1, 0.98),
 )
+# Unsplit weights at large M run the chosen tile on the persistent TMA kernel (one program per SM
+# striding over the tiles; session-14 sweep `gemm_sweep --persistent`, M 1024 / 4096 over the four
+# unsplit shapes: geomean vs cuBLAS 0.825 -> 0.861 and 0.909 -> 0.984 for 128x128 on one warpgroup).
+LARGE_M_PERSISTENT = True
 # Large M on a split weight (split_chunk < K) keeps two fp32 accumulators (chunk partial + running
-# sum). Chosen by M and N, not by the wave model (H200 sweep, session 12: `gemm_sweep --split` on
-# Qwen3-4B o/down and Qwen3-8B down, M 1024 / 4096): up to LARGE_M_SPLIT_MID_M rows, 64x128 on one
-# warpgroup with 3 stages for N <= LARGE_M_SPLIT_NARROW_N (4B o/down M=1024: 36 / 89 us vs 44 / 101 us
-# for 128x128) and 128x128 on one warpgroup with 3 stages above it (8B down M=1024: 138 us); beyond
-# it 128x128 on two warpgroups with 4 stages (M=4096: 0.81-0.84x cuBLAS; the same tile with 3 stages
-# was 25-40% slower, the previous choice).
+# sum), on the non-persistent kernel (persistent lost 15-60% there: the flat loop's second
+# accumulator spills). Candidates (BLOCK_M, BLOCK_N, num_warps, num_stages, programs per SM, relative
+# speed) chosen by the same wave model as LARGE_M_TILES: session-14 sweep over the eight split shapes
+# at M 1024 / 4096, two warpgroups, 128x128 with 5 stages or 128x256 with 4; the model picks the
+# measured faster of the two on all 16 (shape, M) points (geomean vs cuBLAS 0.793 -> 0.90 at M=1024
+# and 0.859 -> 0.89 at 4096 when each point takes its faster one).
 LARGE_M_SPLIT_TILES = (
-    (64, 128, 4, 3),       # M <= LARGE_M_SPLIT_MID_M, N <= LARGE_M_SPLIT_NARROW_N
-    (128, 128, 4, 3),      # M <= LARGE_M_SPLIT_MID_M, wider N
-    (128, 128, 8, 4),      # larger M
+    (128, 128, 8, 5, 1, 0.97),
+    (128, 256, 8, 4, 1, 1.00),
 )
-LARGE_M_SPLIT_MID_M = 2048
-LARGE_M_SPLIT_NARROW_N = 3072
 # Small M on a split weight, M > SPLIT_SMALL_MID_M: chunk partials with BLOCK_N 64, 4 stages (M=64:
 # 4B down 21.6 / 8B down 35.6 us vs 27.9 / 43.6 us with the unsplit rule's BLOCK_N 32 / 9 stages).
 SPLIT_SMALL_MID_M = 16
@@ -120,8 +122,7 @@ KNOBS = {
         "SMALL_M_TMA": (False, True),
         "LARGE_M_TILES": LARGE_M_TILES,
         "LARGE_M_SPLIT_TILES": LARGE_M_SPLIT_TILES,
-        "LARGE_M_SPLIT_MID_M": (1024, 2048, 4096),
-        "LARGE_M_SPLIT_NARROW_N": (0, 3072, 8192),
+        "LARGE_M_PERSISTENT": (False, True),
         "SPLIT_SMALL_MID_M": (16, 32, 64),
         "SPLIT_SMALL_MID": ((32, 8), (64, 4), (128, 4), (128, 8)),
         "SPLIT_FUSED_MAX_CHUNKS": (1, 2, 3),
@@ -209,8 +210,9 @@ def _linear_ptr_kernel(
     X, W, Bias, Y, M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1, SPLIT_FLAT: tl.constexpr = False,
+    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1, SPLIT_FLAT: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     offs_m, offs_n, offs_k, m_ok, rn = _ptr_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
     if N_CHUNKS == 1:
         x_ptrs = X + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
@@ -266,8 +268,9 @@ def _linear_tma_kernel(
     x_desc, w_desc, y_desc, Bias, M, N, K,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1, SPLIT_FLAT: tl.constexpr = False,
+    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1, SPLIT_FLAT: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
     off_m = pid_m * BLOCK_M
@@ -309,12 +312,13 @@ def _linear_tma_persistent_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
-    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1,
+    CHUNK_K: tl.constexpr = 0, N_CHUNKS: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
-    """The TMA kernel's arithmetic, persistent: NUM_PROGRAMS programs stride over the tiles in the
-    grouped order, so the next tile's loads overlap this tile's epilogue (Triton 3.6's Hopper warp
-    specialization was tried: it fails to compile at 4 warps and changes nothing at 8). Each tile is
-    still one chain per chunk in increasing K order (split weight: the flat form, chunks in order)."""
+    """The TMA kernel's arithmetic, persistent: min(tiles, NUM_PROGRAMS) programs stride over the tiles
+    in the grouped order, so the next tile's loads overlap this tile's epilogue (Triton 3.6's Hopper
+    warp specialization was tried: it fails to compile at 4 warps and changes nothing at 8). Each tile
+    is still one chain per chunk in increasing K order (split weight: the flat form, chunks in order)."""
+    pdl_start(PDL)
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
@@ -348,12 +352,14 @@ def _linear_partial_kernel(
     GROUP: tl.constexpr, CHUNK_K: tl.constexpr,
     Bias=None, Y=None, stride_ym=0, CNT=None,
     HAS_BIAS: tl.constexpr = False, N_CHUNKS: tl.constexpr = 1, LAST_REDUCES: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Split weight, small M: program (tile, c) writes chunk c's partial to P[c, M, N] (fp32).
 
     ``LAST_REDUCES``: the tile's last chunk program to finish (an atomic ticket in CNT[tile]) also
     runs the ordered reduction of :func:`_linear_reduce_kernel` for its tile -- the same additions
     in the same order, without a second launch -- and resets CNT[tile] to 0 for the next call."""
+    pdl_start(PDL)
     c = tl.program_id(1)
     tile = tl.program_id(0)
     offs_m, offs_n, offs_k, m_ok, rn = _ptr_tile(tile, M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
@@ -380,8 +386,9 @@ def _linear_partial_kernel(
 
 @triton.jit(do_not_specialize=["M"])
 def _linear_reduce_kernel(P, Bias, Y, M, N, stride_ym, HAS_BIAS: tl.constexpr, N_CHUNKS: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """acc = ((0 + P[0]) + P[1]) + ... in chunk order, then the epilogue: the large-M arithmetic."""
+    pdl_start(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < M * N
     m = offs // N
@@ -446,12 +453,9 @@ def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
                 bn = cand
                 break
         return _small_config(bm, bn, split="partial" if partial else "fused")
-    if split_chunk(K) < K:
-        tile = LARGE_M_SPLIT_TILES[2 if M > LARGE_M_SPLIT_MID_M else (0 if N <= LARGE_M_SPLIT_NARROW_N else 1)]
-        return _large_config(*tile, split_weight=True)
+    split_weight = split_chunk(K) < K
     best, best_time = None, float("inf")
-    split_weight = False
-    for bm, bn, warps, stages, per_sm, speed in LARGE_M_TILES:
+    for bm, bn, warps, stages, per_sm, speed in (LARGE_M_SPLIT_TILES if split_weight else LARGE_M_TILES):
         tiles = _cdiv(M, bm) * _cdiv(N, bn)
         waves = _cdiv(tiles, num_sms * per_sm)
         sharing = min(per_sm, _cdiv(tiles, num_sms))  # programs sharing one SM
@@ -461,11 +465,15 @@ def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
     return _large_config(*best, split_weight=split_weight)
 
 
-def _large_config(bm: int, bn: int, warps: int, stages: int, split_weight: bool = False, flat=None) -> dict:
+def _large_config(bm: int, bn: int, warps: int, stages: int, split_weight: bool = False, flat=None,
+                  persistent=None) -> dict:
     flat = SPLIT_FLAT if flat is None else flat
+    persistent = (LARGE_M_PERSISTENT and not split_weight) if persistent is None else persistent
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=GROUP_M,
                 tma=USE_TMA and bm >= TMA_MIN_BLOCK_M, split="fused", split_weight=split_weight, flat=flat,
-                name=f"large_{'split_' if split_weight else ''}{'flat_' if split_weight and flat else ''}m{bm}_n{bn}")
+                persistent=persistent,
+                name=f"large_{'persistent_' if persistent else ''}{'split_' if split_weight else ''}"
+                     f"{'flat_' if split_weight and flat else ''}m{bm}_n{bn}_w{warps}_s{stages}")
 
 
 def _small_config(bm: int, bn: int, split: str = "partial", flat=None, stages=None) -> dict:
@@ -493,7 +501,8 @@ def all_configs() -> list[dict]:
             for max_m, bm in SMALL_M_TABLE if max_m > SPLIT_SMALL_MID_M]
     out += [_small_config(bm, SPLIT_FUSED_SMALL[0], split="fused", flat=True, stages=SPLIT_FUSED_SMALL[1])
             for max_m, bm in SMALL_M_TABLE if max_m <= SPLIT_SMALL_MID_M]
-    out += [_large_config(bm, bn, w, st, split_weight=True) for bm, bn, w, st in LARGE_M_SPLIT_TILES]
+    out += [_large_config(bm, bn, w, st, persistent=False) for bm, bn, w, st, _, _ in LARGE_M_TILES]
+    out += [_large_config(bm, bn, w, st, split_weight=True) for bm, bn, w, st, _, _ in LARGE_M_SPLIT_TILES]
     return out
 
 
@@ -532,9 +541,7 @@ def _tma_ok(*tensors) -> bool:
 
 
 def _launch_opts(cfg) -> dict:
-    if _interpreting():
-        return {}
-    return {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "enable_fp_fusion": False}
+    return _rowops_launch_opts(cfg["num_warps"], cfg["num_stages"])
 
 
 def linear(x, weight, bias=None, config=None, out=None):
@@ -578,9 +585,11 @@ def linear(x, weight, bias=None, config=None, out=None):
         w_desc = TensorDescriptor(weight, [N, K], [weight.stride(0), 1], [bn, bk])
         y_desc = TensorDescriptor(y, [M, N], [y.stride(0), 1], [bm, bn])
         if cfg.get("persistent", False):
-            n_prog = min(grid[0], _num_sms(x.device) * int(cfg.get("programs_per_sm", 1)))
+            # the stride is a per-device constant (one compiled variant for every M); fewer tiles than
+            # that launch one program per tile
+            n_prog = _num_sms(x.device) * int(cfg.get("programs_per_sm", 1))
             split.pop("SPLIT_FLAT", None)
-            _linear_tma_persistent_kernel[(n_prog,)](
+            _linear_tma_persistent_kernel[(min(grid[0], n_prog),)](
                 x_desc, w_desc, y_desc, b, M, N, K,
                 HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
                 NUM_PROGRAMS=n_prog, **split,

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, launch_opts
+from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, launch_opts, pdl_start
 
 KNOBS = {"free": {"TILE_ELEMS": (1024, 2048, 4096), "WARPS": (1, 2, 4)}}
 TILE_ELEMS = 2048
@@ -25,8 +25,10 @@ def _kv_write_kernel(
     K, V, KC, VC, LOC, T, n_slots,
     skt, skh, svt, svh, skct, skch, svct, svch,
     HKV: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program copies BLOCK_T tokens x all KV heads (in blocks of BLOCK_H heads) of K and V."""
+    pdl_start(PDL)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < T
     slot = tl.load(LOC + t, mask=t_ok, other=-1).to(tl.int64)

@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from . import contract as C
-from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, aligned, fresh_copy, interpreting, launch_opts, to_act, vec_for
+from ._rowops import (cdiv as _cdiv, next_pow2 as _next_pow2, aligned, fresh_copy, interpreting, launch_opts,
+                      pdl_start, to_act, vec_for)
 
 KNOBS = {
     "coupled": {"LOGPROB_VOCAB_CHUNK": C.LOGPROB_VOCAB_CHUNK, "LOGPROB_CHUNK_WARPS": C.LOGPROB_CHUNK_WARPS},
@@ -50,8 +51,9 @@ def _inv_temperature(TEMP, row, row_ok, temp_scalar, PER_ROW_T: tl.constexpr):
 def _logprob_partial_kernel(
     X, TEMP, WS, n_rows, sx, temp_scalar,
     V: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, GROUP: tl.constexpr,
-    PER_ROW_T: tl.constexpr,
+    PER_ROW_T: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
     inv = _inv_temperature(TEMP, row + tl.zeros((1,), tl.int32), True, temp_scalar, PER_ROW_T)
@@ -92,8 +94,9 @@ def _merge(M, L, A, m_c, l_c, a_c):
 def _logprob_merge_kernel(
     X, TOK, TEMP, WS, LOGP, ENT, LSE, n_rows, sx, temp_scalar,
     V: tl.constexpr, NC: tl.constexpr, VEC: tl.constexpr, BLOCK_R: tl.constexpr,
-    PER_ROW_T: tl.constexpr,
+    PER_ROW_T: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = rows < n_rows
     r64 = rows.to(tl.int64)
@@ -124,8 +127,9 @@ def _logprob_merge_kernel(
 def _logprob_bwd_kernel(
     X, TOK, TEMP, LSE, ENT, GLP, GENT, DX, sx, sdx, temp_scalar,
     V: tl.constexpr, CHUNK: tl.constexpr, PER_ROW_T: tl.constexpr, HAS_GENT: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
     inv = _inv_temperature(TEMP, row + tl.zeros((1,), tl.int32), True, temp_scalar, PER_ROW_T)

@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rowops import cdiv as _cdiv, interpreting as _rowops_interpreting, next_pow2 as _next_pow2
+from ._rowops import (cdiv as _cdiv, interpreting as _rowops_interpreting, launch_opts, next_pow2 as _next_pow2,
+                      pdl_start)
 
 from . import contract as C
 
@@ -61,9 +62,7 @@ def _interpreting() -> bool:
 
 
 def _opts(num_warps, num_stages=1) -> dict:
-    if _interpreting():
-        return {}
-    return {"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": False}
+    return launch_opts(num_warps, num_stages)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -73,8 +72,9 @@ def _opts(num_warps, num_stages=1) -> dict:
 def _moe_route_kernel(
     Logits, W_out, I_out, T, stride_l,
     E: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-    NORM: tl.constexpr, BLOCK_T: tl.constexpr,
+    NORM: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, E_PAD)
@@ -138,7 +138,8 @@ def route(router_logits, top_k, norm_topk_prob):
 # Grouping assignments by expert
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _moe_count_kernel(Ids, Counts, Rank, n, E: tl.constexpr, BLOCK: tl.constexpr):
+def _moe_count_kernel(Ids, Counts, Rank, n, E: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     e = tl.load(Ids + offs, mask=ok, other=0)
@@ -150,8 +151,9 @@ def _moe_count_kernel(Ids, Counts, Rank, n, E: tl.constexpr, BLOCK: tl.constexpr
 @triton.jit
 def _moe_scatter_kernel(
     Ids, Counts, Rank, Sorted, BlkExpert, BlkRow0, BlkRows, n, n_blocks,
-    E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
+    E: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     ecols = tl.arange(0, E_PAD)
     counts = tl.load(Counts + ecols, mask=ecols < E, other=0)
@@ -191,8 +193,9 @@ def _moe_gate_up_kernel(
     X, Wgu, Act, Sorted, BlkExpert, BlkRow0, BlkRows,
     H, I, stride_xt, stride_we, stride_wn, stride_act,
     TOP_K: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     blk = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(BlkExpert + blk)
@@ -242,7 +245,9 @@ def _moe_down_kernel(
     Act, Wd, Y, Sorted, BlkExpert, BlkRow0, BlkRows,
     H, I, stride_act, stride_we, stride_wn, stride_y,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     blk = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(BlkExpert + blk)
@@ -276,7 +281,9 @@ def _moe_down_kernel(
 
 
 @triton.jit
-def _moe_combine_kernel(Y, Wt, Out, H, stride_y, stride_o, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+def _moe_combine_kernel(Y, Wt, Out, H, stride_y, stride_o, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = offs < H

@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 
 from . import contract as C
-from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, canonical, fresh_copy, interpreting, launch_opts, to_act, vec_for
+from ._rowops import (cdiv as _cdiv, next_pow2 as _next_pow2, canonical, fresh_copy, interpreting, launch_opts,
+                      pdl_start, to_act, vec_for)
 
 KNOBS = {
     "coupled": {"RMSNORM_TILE_ELEMS": C.RMSNORM_TILE_ELEMS},
@@ -58,8 +59,9 @@ def _rmsnorm_fwd_kernel(
     eps,
     H: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr, VEC: tl.constexpr,
     HAS_RES: tl.constexpr, INTERP: tl.constexpr,
-    W2=None, HEADS=1, HEADS1=1, TWO_W: tl.constexpr = False,
+    W2=None, HEADS=1, HEADS1=1, TWO_W: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_H)
@@ -94,9 +96,10 @@ def _rmsnorm_bwd_kernel(
     DY, X, W, DRES, DX, DW_PART,
     M, n_blocks, eps,
     H: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr, HAS_DRES: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """X, DY, DRES, DX contiguous [M, H]; program p handles row blocks p, p + G, p + 2G, ..."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_H)

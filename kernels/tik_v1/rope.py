@@ -19,17 +19,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, interpreting, launch_opts, to_act
+from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, interpreting, launch_opts, pdl_start, to_act
 
 KNOBS = {"free": {"HEAD_ELEMS": (1024, 2048, 4096), "WARPS": (2, 4, 8), "TOKEN_TILES": (False, True),
-                  "TOKEN_TILE_ELEMS": (2048, 4096, 8192), "TOKEN_WARPS": (4, 8)}}
+                  "TOKEN_TILE_ELEMS": (2048, 4096, 8192), "TOKEN_WARPS": (4, 8),
+                  "TOKEN_TILES_MIN_T": (1, 256, 1024, 4096)}}
 HEAD_ELEMS = 2048   # elements of one program's [BLOCK_HEADS, R/2] half-tile target
 WARPS = 4
 # forward/backward with one program per BLOCK_T tokens x all q and k heads (_rope_tokens_kernel) instead
 # of one per (token, head block): fewer, evenly sized programs (Qwen2.5-1.5B's 12 / 2 heads left half
 # of the per-token programs rotating 2 heads). BLOCK_T = largest power of two with
-# BLOCK_T * (pow2(Hq) + pow2(Hkv)) * pow2(R/2) <= TOKEN_TILE_ELEMS. Not yet measured on the GPU.
+# BLOCK_T * (pow2(Hq) + pow2(Hkv)) * pow2(R/2) <= TOKEN_TILE_ELEMS. Used from TOKEN_TILES_MIN_T tokens
+# (session-14 H200 probe, graph replay: T 4096 / 16384 faster on every model, Qwen2.5-1.5B 22.5 -> 9.6
+# and 84.1 -> 38.2 us, HBM share at T >= 4096 0.52 -> 0.75; T 1 / 256 0.1-1.1 us slower).
 TOKEN_TILES = True
+TOKEN_TILES_MIN_T = 1024
 TOKEN_TILE_ELEMS = 8192
 TOKEN_WARPS = 4
 
@@ -71,8 +75,9 @@ def _rope_kernel(
     BLOCK_HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr, PASS_BLOCK: tl.constexpr,
     BACKWARD: tl.constexpr, INTERP: tl.constexpr,
     VIN=None, VC=None, LOC=None, svt=0, svh=0, skc_t=0, skc_h=0, svc_t=0, svc_h=0,
-    KV_WRITE: tl.constexpr = False, BLOCK_D: tl.constexpr = 1,
+    KV_WRITE: tl.constexpr = False, BLOCK_D: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     t = tl.program_id(0)
     hb = tl.program_id(1)
     j = tl.arange(0, BLOCK_HALF)
@@ -132,10 +137,11 @@ def _rope_tokens_kernel(
     sqt, sqh, skt, skh, scaling,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS_BLOCK: tl.constexpr, BACKWARD: tl.constexpr, INTERP: tl.constexpr,
+    PASS_BLOCK: tl.constexpr, BACKWARD: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One program = BLOCK_T tokens x every q and k head: cos/sin once per (token, frequency), the
     same per-element arithmetic as :func:`_rope_kernel` (the variant is a free knob)."""
+    pdl_start(PDL)
     tt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = tt < T
     j = tl.arange(0, BLOCK_HALF)
@@ -175,7 +181,7 @@ def forward(q, k, positions, inv_freq, attention_scaling=1.0, backward=False):
     if T == 0:
         return q_out, k_out
     pass_block = _next_pow2(D - 2 * half) if D > 2 * half else 0
-    if TOKEN_TILES:
+    if TOKEN_TILES and T >= TOKEN_TILES_MIN_T:
         block_half, bq, bk = _next_pow2(half), _next_pow2(hq), (_next_pow2(hkv) if hkv else 1)
         bt = 1
         while 2 * bt * (bq + bk) * block_half <= TOKEN_TILE_ELEMS and bt < T:

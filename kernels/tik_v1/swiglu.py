@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, interpreting, launch_opts, to_act
+from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, interpreting, launch_opts, pdl_start, to_act
 
 KNOBS = {"free": {"BLOCK": (512, 1024, 2048, 4096), "WARPS": (2, 4, 8)}}
 BLOCK = 1024
@@ -25,7 +25,8 @@ WARPS = 4
 
 
 @triton.jit
-def _swiglu_fwd_kernel(G, U, O, sg, su, I, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+def _swiglu_fwd_kernel(G, U, O, sg, su, I, BLOCK: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < I
@@ -36,7 +37,9 @@ def _swiglu_fwd_kernel(G, U, O, sg, su, I, BLOCK: tl.constexpr, INTERP: tl.const
 
 
 @triton.jit
-def _swiglu_bwd_kernel(DY, G, U, DG, DU, sg, su, sdg, sdu, I, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+def _swiglu_bwd_kernel(DY, G, U, DG, DU, sg, su, sdg, sdu, I, BLOCK: tl.constexpr, INTERP: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < I

@@ -1,0 +1,66 @@
+"""Programmatic dependent launch (kernels/tik_v1/_rowops.py, free knob PDL): every kernel that can be
+launched with ``launch_pdl`` starts with ``pdl_start(PDL)`` -- it waits for the previous kernel before
+touching memory -- and the launch keywords ask for PDL only on an sm_90+ GPU, never under the CPU
+interpreter. A kernel launched with PDL but without that wait could read its inputs before they are
+written, so this is checked statically for every kernel of the implementation."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import pytest
+
+from triton.runtime.jit import KernelInterface
+
+from areal_tik_plugin.loader import get_implementation
+
+MODULES = ("attention", "gemm", "kv_write", "logprob", "moe", "rmsnorm", "rope", "swiglu")
+
+
+def _kernels():
+    impl = get_implementation()
+    for name in MODULES:
+        mod = impl.module(name)
+        src = inspect.getsource(mod)
+        launched = {n.value.id for n in ast.walk(ast.parse(src))  # NAME[grid](...) with NAME a Triton kernel
+                    if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
+                    and isinstance(getattr(mod, n.value.id, None), KernelInterface)}
+        for k in sorted(launched):
+            yield name, k, getattr(mod, k).fn
+
+
+def test_every_launched_kernel_is_found():
+    names = [k for _, k, _ in _kernels()]
+    assert len(names) >= 27 and "_attn_decode_kernel" in names and "_linear_tma_persistent_kernel" in names, names
+
+
+@pytest.mark.parametrize("mod,name,fn", list(_kernels()), ids=lambda x: x if isinstance(x, str) else "")
+def test_kernel_waits_for_its_predecessor_first(mod, name, fn):
+    f = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    assert "PDL" in inspect.signature(fn).parameters, f"{mod}.{name}: no PDL parameter"
+    body = f.body[1:] if isinstance(f.body[0], ast.Expr) and isinstance(f.body[0].value, ast.Constant) else f.body
+    first = body[0]
+    assert (isinstance(first, ast.Expr) and isinstance(first.value, ast.Call)
+            and getattr(first.value.func, "id", None) == "pdl_start"
+            and [getattr(a, "id", None) for a in first.value.args] == ["PDL"]), (
+        f"{mod}.{name}: the first statement must be pdl_start(PDL), got {ast.unparse(first)}")
+
+
+def test_launch_keywords(monkeypatch):
+    ro = get_implementation().module("_rowops")
+    assert ro.pdl_opts() == {} and "launch_pdl" not in ro.launch_opts(4)  # CPU interpreter
+    import torch
+
+    monkeypatch.setattr(ro, "_INTERPRETING", False)
+    monkeypatch.setattr(ro, "_PDL_DEVICES", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for cap, want in (((9, 0), {"PDL": True, "launch_pdl": True}), ((8, 0), {})):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx, c=cap: c)
+        ro._PDL_DEVICES.clear()
+        assert ro.pdl_opts() == want
+        assert {k: v for k, v in ro.launch_opts(4, 2).items() if k in ("PDL", "launch_pdl")} == want
+    monkeypatch.setattr(ro, "PDL", False)
+    ro._PDL_DEVICES.clear()
+    assert ro.pdl_opts() == {}
