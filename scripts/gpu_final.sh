@@ -11,15 +11,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 # TIK_FINAL_ATTN_BENCH=0: attention contract checks without its benchmark grid (for a kernel change
 # outside attention.py, whose benchmarks are then those of the last full run); =quick: the full checks
 # with the --quick benchmark grid; TIK_FINAL_LAYER_BENCH=1: the layer bench (TIK_FINAL_LB_ARGS, default
-# --quick) after the suites, its JSON and log under $OUT. Order: ops, layer bench, attention.
+# --quick) after the suites, its JSON and log under $OUT. Order: ops, attention, layer bench.
 python3 -m areal_tik_plugin.gpu --out "$OUT" --ops rmsnorm,rope,swiglu,kv_write,logprob,gemm,moe --quick >"$OUT/ops.log" 2>&1; b=$?
+nb=; [ "${TIK_FINAL_ATTN_BENCH:-1}" = 0 ] && nb=--no-bench; [ "${TIK_FINAL_ATTN_BENCH:-1}" = quick ] && nb=--quick-bench
+python3 -m areal_tik_plugin.gpu --out "$OUT" --ops attention $nb >"$OUT/attention.log" 2>&1; a=$?
 c=0
 if [ "${TIK_FINAL_LAYER_BENCH:-0}" = 1 ]; then
   timeout "${TIK_LB_LIMIT:-200}" python3 -m areal_tik_plugin.gpu.layer_bench --out "$OUT" ${TIK_FINAL_LB_ARGS:---quick} >"$OUT/layer_bench.log" 2>&1; c=$?
 fi
-nb=; [ "${TIK_FINAL_ATTN_BENCH:-1}" = 0 ] && nb=--no-bench; [ "${TIK_FINAL_ATTN_BENCH:-1}" = quick ] && nb=--quick-bench
-python3 -m areal_tik_plugin.gpu --out "$OUT" --ops attention $nb >"$OUT/attention.log" 2>&1; a=$?
 grep -E "^(FAIL|ERROR)" "$OUT/attention.log" "$OUT/ops.log" | cut -c1-300 | head -20
-[ "${TIK_FINAL_LAYER_BENCH:-0}" = 1 ] && grep -E "ratio baseline|ERROR" "$OUT/layer_bench.log"
+[ "${TIK_FINAL_LAYER_BENCH:-0}" = 1 ] && grep -E "ratio baseline|pdl probe|ERROR" "$OUT/layer_bench.log"
 tail -4 "$OUT/attention.log"; tail -9 "$OUT/ops.log"
 exit $(( a | b | c ))
