@@ -109,7 +109,9 @@ def main(argv=None) -> int:
                                   SPLIT_FLAT=bool(cfg.get("flat", gemm.SPLIT_FLAT)) and n_chunks > 1)
                     compile_one(f"linear_ptr/{dt}/{cfg['name']}{tag}/b{int(has_bias)}e{int(even_k)}",
                                 gemm._linear_ptr_kernel, sig, consts, [i for i in aligned_ptr if i != 4], opts)
-                if cfg["tma"] and cfg.get("persistent"):
+                if cfg["tma"]:  # the persistent TMA kernel (cfg["persistent"]) runs the flat split form only
+                    persistent = bool(cfg.get("persistent"))
+                    kern = gemm._linear_tma_persistent_kernel if persistent else gemm._linear_tma_kernel
                     for has_bias in (False, True):
                         def desc(shape):
                             return f"tensordesc<{dt}[{shape[0]}, {shape[1]}]>"
@@ -117,27 +119,16 @@ def main(argv=None) -> int:
                         sig = {"x_desc": desc([bm, bk]), "w_desc": desc([bn, bk]), "y_desc": desc([bm, bn]),
                                "Bias": f"*{dt}", "M": "i32", "N": "i32", "K": "i32", "HAS_BIAS": "constexpr",
                                "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-                               "GROUP": "constexpr", "NUM_PROGRAMS": "constexpr", "CHUNK_K": "constexpr",
-                               "N_CHUNKS": "constexpr"}
+                               "GROUP": "constexpr", "CHUNK_K": "constexpr", "N_CHUNKS": "constexpr"}
                         consts = dict(HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
-                                      NUM_PROGRAMS=132, CHUNK_K=chunk, N_CHUNKS=n_chunks)
-                        compile_one(f"linear_tma_persistent/{dt}/{cfg['name']}{tag}/b{int(has_bias)}",
-                                    gemm._linear_tma_persistent_kernel, sig, consts, [3, 5, 6], opts)
-                elif cfg["tma"]:
-                    for has_bias in (False, True):
-                        def desc(shape):
-                            return f"tensordesc<{dt}[{shape[0]}, {shape[1]}]>"
-
-                        sig = {"x_desc": desc([bm, bk]), "w_desc": desc([bn, bk]), "y_desc": desc([bm, bn]),
-                               "Bias": f"*{dt}", "M": "i32", "N": "i32", "K": "i32", "HAS_BIAS": "constexpr",
-                               "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-                               "GROUP": "constexpr", "CHUNK_K": "constexpr", "N_CHUNKS": "constexpr",
-                               "SPLIT_FLAT": "constexpr"}
-                        consts = dict(HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
-                                      CHUNK_K=chunk, N_CHUNKS=n_chunks,
-                                      SPLIT_FLAT=bool(cfg.get("flat", gemm.SPLIT_FLAT)) and n_chunks > 1)
-                        compile_one(f"linear_tma/{dt}/{cfg['name']}{tag}/b{int(has_bias)}", gemm._linear_tma_kernel,
-                                    sig, consts, [3, 5, 6], opts)
+                                      CHUNK_K=chunk, N_CHUNKS=n_chunks)
+                        if persistent:
+                            sig["NUM_PROGRAMS"], consts["NUM_PROGRAMS"] = "constexpr", 132
+                        else:
+                            sig["SPLIT_FLAT"] = "constexpr"
+                            consts["SPLIT_FLAT"] = bool(cfg.get("flat", gemm.SPLIT_FLAT)) and n_chunks > 1
+                        compile_one(f"linear_tma{'_persistent' if persistent else ''}/{dt}/{cfg['name']}{tag}"
+                                    f"/b{int(has_bias)}", kern, sig, consts, [3, 5, 6], opts)
             if not fused:
                 chunk, n_chunks = splits[1]
                 for even_k, last, has_bias in ((True, False, False), (False, False, False), (True, True, False),

@@ -206,3 +206,53 @@ def test_qk_norm_hook_one_launch_on_adjacent_views_same_bits(monkeypatch):
     assert L.COUNTS["rms_norm"] == before.get("rms_norm", 0) + 2
     assert torch.equal(oq2.view(torch.int16), rq.view(torch.int16))
     assert torch.equal(ok2.view(torch.int16), rk.view(torch.int16))
+
+
+_FUSED_KV_CHILD = r"""
+import types
+import torch
+from sglang.kernels.ops.attention.rope import FusedSetKVBufferArg
+from areal_tik_plugin.integrations import sglang_layers as L
+
+T, hq, hkv, D, slots = 5, 4, 2, 64, 16
+g = torch.Generator().manual_seed(5)
+qkv = torch.randn(T, (hq + 2 * hkv) * D, generator=g).to(torch.bfloat16)
+q, k, v = qkv.split([hq * D, hkv * D, hkv * D], dim=-1)   # SGLang's views of one qkv buffer
+rot = types.SimpleNamespace(head_size=D, _tik_inv_freq=L.hf_default_inv_freq(1e6, D))
+pos = torch.tensor([3, 0, 7, 100, 4095])
+loc = torch.tensor([9, 2, 11, 5, 14])
+kb = torch.full((slots, hkv * D), 7.0, dtype=torch.bfloat16)
+vb = torch.full_like(kb, -3.0)
+b16 = lambda t: t.contiguous().view(torch.int16)
+rq, rk = L.rope_forward_plugin(rot, pos, q, k)   # the plain path (the tik backend then writes the pool)
+arg = FusedSetKVBufferArg(value=v, k_buffer=kb, v_buffer=vb, cache_loc=loc)
+oq, ok = L.rope_forward_plugin(rot, pos, q, k, fused_set_kv_buffer_arg=arg)
+assert torch.equal(b16(oq), b16(rq)) and torch.equal(b16(ok), b16(rk))
+assert torch.equal(b16(kb[loc]), b16(rk.reshape(T, -1))) and torch.equal(b16(vb[loc]), b16(v))
+rest = torch.ones(slots, dtype=torch.bool)
+rest[loc] = False
+assert (kb[rest] == 7.0).all() and (vb[rest] == -3.0).all()
+assert L.COUNTS["rope_fused_kv_write"] == 1
+for bad, exc, msg in ((dict(value=v), NotImplementedError, "ROCm dict layout"),
+                      (FusedSetKVBufferArg(value=v, k_buffer=kb[:, :D], v_buffer=vb, cache_loc=loc), ValueError,
+                       "expected \\[slots, 128\\]")):
+    try:
+        L.rope_forward_plugin(rot, pos, q, k, fused_set_kv_buffer_arg=bad)
+        raise SystemExit(f"no error for {type(bad).__name__}")
+    except exc as e:
+        import re
+        assert re.search(msg, str(e)), str(e)
+print("FUSED-OK")
+"""
+
+
+def test_rope_plugin_writes_the_pool_for_sglang_fused_set_kv_buffer_arg():
+    """Qwen3-MoE (and other models) on CUDA with a bf16 pool hand RoPE SGLang's FusedSetKVBufferArg and
+    call attention with save_kv_cache=False: the plugin writes the rotated k and v rows at cache_loc, the
+    same bits the tik backend writes on the plain path, and refuses layouts it does not know. Runs in a
+    child process (SGLang's real arg class; importing SGLang patches torch)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", _FUSED_KV_CHILD], env=SC.child_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "FUSED-OK" in r.stdout, (r.stdout[-3000:], r.stderr[-3000:])

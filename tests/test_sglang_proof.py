@@ -80,7 +80,9 @@ def runs(tmp_path_factory):
         # launcher path (SGLang without plugins): entry point disabled, the spawn targets register
         {"engine_kwargs": SC.default_engine_kwargs(models["qwen3_moe"], "tik", **kw),
          "jobs": _jobs(moe_ids, new=NEW_MOE),
-         "env": {"TIK_SGLANG_STATS": os.path.join(tmp, "stats-qwen3_moe"), "SGLANG_PLUGINS": "none"},
+         # and SGLang's CUDA-only fused RoPE + set_kv_buffer path (what Qwen3-MoE takes on a CUDA bf16 pool)
+         "env": {"TIK_SGLANG_STATS": os.path.join(tmp, "stats-qwen3_moe"), "SGLANG_PLUGINS": "none",
+                 "TIK_SGLANG_EMULATE_FUSED_KV": "1"},
          "launcher": True},
         {"engine_kwargs": SC.default_engine_kwargs(models["qwen3"], "torch_native", **kw), "jobs": _jobs(ids, sampled=False),
          "env": {"SGLANG_PLUGINS": "none", "TIK_SGLANG_STATS": ""}},
@@ -150,6 +152,9 @@ def test_qwen3_moe_rollout_logprobs_bitwise_equal_training(runs):
     assert all(c >= PREFIX_MOE for *_, c in reqs[4:])
     s = _assert_through_ours(qwen3_moe["stats"], moe=True)
     assert s["counts"]["moe_route"] > 0 and s["counts"]["moe_experts"] > 0
+    # SGLang's fused RoPE + set_kv_buffer path: every K/V row was written by the RoPE plugin
+    assert s["counts"]["emulated_fused_kv_modules"] > 0, s["counts"]
+    assert s["counts"]["rope_fused_kv_write"] == s["counts"]["kv_write"] > 0, s["counts"]
     _assert_bitwise(reqs, _training_logprobs(qwen3_moe["path"], reqs))
 
 

@@ -82,10 +82,31 @@ def rmsnorm_forward_plugin(self, x, residual=None, post_residual_addition=None, 
 rmsnorm_forward_plugin.__name__ = "forward_plugin"
 
 
+def _fused_kv_target(arg, t, hkv, head_size):
+    """The KV-pool views and value rows of SGLang's ``FusedSetKVBufferArg`` (CUDA layout: ``value``
+    [T, Hkv * D], ``k_buffer`` / ``v_buffer`` [slots, Hkv * D] views of the layer's pool, ``cache_loc``
+    [T]); anything else is refused with what was expected."""
+    if isinstance(arg, dict) or not all(hasattr(arg, a) for a in ("value", "k_buffer", "v_buffer", "cache_loc")):
+        raise NotImplementedError(
+            "tik RotaryEmbedding: fused_set_kv_buffer_arg must be SGLang's CUDA FusedSetKVBufferArg (value, "
+            f"k_buffer, v_buffer, cache_loc); got {type(arg).__name__} (the ROCm dict layout is not supported)")
+    kc, vc, v = arg.k_buffer, arg.v_buffer, arg.value
+    for name, buf in (("k_buffer", kc), ("v_buffer", vc)):
+        if buf.dim() != 2 or buf.shape[1] != hkv * head_size:
+            raise ValueError(f"fused_set_kv_buffer_arg.{name}: expected [slots, {hkv * head_size}] "
+                             f"(Hkv {hkv} x head {head_size}), got {tuple(buf.shape)}")
+    return (kc.view(kc.shape[0], hkv, head_size), vc.view(vc.shape[0], hkv, head_size),
+            _last_dim_contiguous(v.reshape(t, hkv, head_size)), arg.cache_loc)
+
+
 def rope_forward_plugin(self, positions, query, key, offsets=None, fused_set_kv_buffer_arg=None):
+    """SGLang ``RotaryEmbedding.forward`` through ``ops.apply_rope``. With ``fused_set_kv_buffer_arg``
+    (SGLang passes it, and then ``save_kv_cache=False`` to attention, for e.g. Qwen3-MoE on CUDA with a
+    bf16 pool) the rotated k rows and v are also written into the pool at ``cache_loc`` by
+    ``ops.kv_write``: the rows the tik backend writes itself otherwise, so the bits do not depend on
+    which of the two paths SGLang takes; the returned q and k are rotated, as SGLang's in-place kernel
+    leaves them."""
     ops = _ops()
-    if fused_set_kv_buffer_arg is not None:
-        raise NotImplementedError("tik RotaryEmbedding: fused_set_kv_buffer_arg is not supported")
     if offsets is not None:
         positions = positions + offsets
     positions = positions.flatten()
@@ -97,6 +118,11 @@ def rope_forward_plugin(self, positions, query, key, offsets=None, fused_set_kv_
         inv_freq = self._tik_inv_freq = inv_freq.to(q.device)
     COUNTS["apply_rope"] += 1
     qo, ko = ops.apply_rope(q, k, positions, inv_freq, 1.0)
+    if fused_set_kv_buffer_arg is not None:
+        kc, vc, v, loc = _fused_kv_target(fused_set_kv_buffer_arg, t, k.shape[1], self.head_size)
+        COUNTS["rope_fused_kv_write"] += 1
+        COUNTS["kv_write"] += 1
+        ops.kv_write(kc, vc, loc, ko, v)
     return qo.reshape(query.shape), ko.reshape(key.shape)
 
 
@@ -369,6 +395,22 @@ def _is_pinned(m) -> bool:
     return getattr(fm, "__func__", None) is not None and getattr(fm.__func__, "__name__", "") == "forward_plugin"
 
 
+def emulate_fused_kv_buffer() -> int:
+    """Test hook, on when ``TIK_SGLANG_EMULATE_FUSED_KV=1``: SGLang's models take their CUDA-only fused
+    RoPE + set_kv_buffer path (``FusedSetKVBufferArg`` to RoPE, ``save_kv_cache=False`` to attention)
+    on any device, so the CPU engine tests run the path a CUDA bf16 pool takes (Qwen3-MoE). Patches
+    ``enable_fused_set_kv_buffer`` in every imported ``sglang.srt.models`` module; returns how many."""
+    import sys
+
+    n = 0
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("sglang.srt.models.") and hasattr(mod, "enable_fused_set_kv_buffer"):
+            mod.enable_fused_set_kv_buffer = lambda forward_batch: True
+            n += 1
+    COUNTS["emulated_fused_kv_modules"] = n
+    return n
+
+
 def activate(model_runner) -> dict:
     """Route the live model's layer ops to ours (called by the ``tik`` backend factory).
 
@@ -393,6 +435,8 @@ def activate(model_runner) -> dict:
     if tp != 1:
         raise NotImplementedError(f"tik: tensor parallel size {tp} splits GEMM reductions (not bitwise vs training); "
                                   "use tp_size=1 with data parallelism")
+    if os.environ.get("TIK_SGLANG_EMULATE_FUSED_KV") == "1":
+        emulate_fused_kv_buffer()
     if sa is not None and getattr(sa, "enable_torch_compile", False):
         raise NotImplementedError("tik: --enable-torch-compile swaps fused ops to forward_native; disable it")
     model = model_runner.model
