@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from areal_tik_plugin import bench
+from areal_tik_plugin.gpu._rowops import graph_vs_eager
 from areal_tik_plugin.gpu.suite import timed as _time
 from areal_tik_plugin.ops import linear
 
@@ -196,30 +197,21 @@ def _check_pdl(rec):
     def chain(x):
         return linear(swiglu_fused(linear(rms_norm(x, wn, 1e-6), w1)), w2)
 
+    def no_pdl(x):
+        ro.PDL = False
+        try:
+            return chain(x)
+        finally:
+            ro.PDL = True
+
     default = ro.PDL
+    ro.PDL = True
     try:
         for M in (1, 64, 1024):
             x = torch.randn(M, 2560, device=DEV, dtype=torch.bfloat16)
-            ro.PDL = False
-            ref = chain(x)
-            ro.PDL = True
-            rec.bitwise(f"pdl_eager[M={M}]", chain(x), ref)
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                chain(x)
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                y = chain(x)
-            for it in range(3):
-                x.copy_(torch.randn_like(x))
-                g.replay()
-                torch.cuda.synchronize()
-                ro.PDL = False
-                want = chain(x)
-                ro.PDL = True
-                rec.bitwise(f"pdl_graph_vs_no_pdl[M={M}/{it}]", y.clone(), want)
+            rec.bitwise(f"pdl_eager[M={M}]", chain(x), no_pdl(x))
+            graph_vs_eager(rec, f"pdl_graph_vs_no_pdl[M={M}]", lambda: chain(x),
+                           lambda i: x.copy_(torch.randn_like(x)), lambda: no_pdl(x))
     finally:
         ro.PDL = default
 
