@@ -7,6 +7,12 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tik-out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+# Liger-Kernel baseline for RMSNorm / RoPE / SwiGLU: carry .whl-liger (liger_kernel-0.8.5 wheel only, pure
+# Python, installed without deps); without it the benchmark rows record Liger as unavailable
+if ls .whl-liger/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-liger .whl-liger/*.whl >>"$OUT/pip.log" 2>&1 \
+    && export PYTHONPATH=/tmp/site-liger${PYTHONPATH:+:$PYTHONPATH}
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 # TIK_FINAL_ATTN_BENCH=0: attention contract checks without its benchmark grid (for a kernel change
 # outside attention.py, whose benchmarks are then those of the last full run); =quick: the full checks

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin import bench
-from areal_tik_plugin.gpu._rowops import DEV, HBM_TBPS, graph_vs_eager, rand, ratio, rel_l2, row_slices, \
-    shuffled_rows, tbps, timed
+from areal_tik_plugin.gpu._rowops import DEV, HBM_TBPS, copy_of, graph_vs_eager, rand, ratio, rel_l2, row_slices, \
+    shuffled_rows, streamed, tbps, timed
 from areal_tik_plugin.ops import token_logprobs
 
 VOCAB = 151936
@@ -192,6 +192,9 @@ def run_bench(rec, quick: bool = False) -> None:
         ours = timed(rec, "logprob/ours", lambda: token_logprobs(x, tok, temp))
         base = timed(rec, "logprob/areal", lambda: _areal_chunked(x, tok, temp))
         nbytes = T * VOCAB * 2 + T * 16
+        if T >= 4096:  # >= 1.2 GB: one copy (the same-buffer replay already streams from HBM)
+            streamed(rec, "logprob/ours", ours, nbytes,
+                     lambda i: (lambda x=copy_of(x, i), tok=tok: token_logprobs(x, tok, temp)))
         bw = tbps(nbytes, ours)
         row = {"T": T, "V": VOCAB, "bytes": nbytes, "ours": ours, "areal_chunked": base, "ours_bw": bw}
         c, g = ratio(base, ours, "cold_us"), ratio(base, ours, "graph_us")

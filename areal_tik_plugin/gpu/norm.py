@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, graph_vs_eager, liger,
-                                          rand, ratio, rel_l2, row_slices, shuffled_rows, tbps, timed)
+from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, copy_of, graph_vs_eager, liger,
+                                          rand, ratio, rel_l2, row_slices, shuffled_rows, streamed, tbps, timed)
 from areal_tik_plugin.ops import qk_rms_norm, rms_norm, rms_norm_residual
 
 N_FULL = 16384   # rows of the full-sequence call
@@ -184,10 +184,12 @@ def _liger_fused_add(H, eps, w):
     return _liger_module("liger_kernel.transformers.fused_add_rms_norm:LigerFusedAddRMSNorm", H, eps, w)
 
 
-def _bench_case(rec, ratios, name, ours_fn, hf_fn, liger_fn, nbytes, T, **fields):
+def _bench_case(rec, ratios, name, ours_fn, hf_fn, liger_fn, nbytes, T, make_ours=None, **fields):
     ours = timed(rec, f"{name}/ours", ours_fn)
     hf = timed(rec, f"{name}/hf", hf_fn) if hf_fn else None
     lg = timed(rec, f"{name}/liger", liger_fn) if liger_fn else None
+    if T >= 4096 and make_ours is not None:
+        streamed(rec, f"{name}/ours", ours, nbytes, make_ours)
     bw = tbps(nbytes, ours)
     row = {"T": T, "bytes": nbytes, "ours": ours, "hf_eager": hf, "liger": lg if liger_fn else "unavailable",
            "ours_bw": bw, **fields}
@@ -223,13 +225,16 @@ def run_bench(rec, quick: bool = False) -> None:
             x, r = rand(T, H, seed=T), rand(T, H, seed=T + 1)
             _bench_case(rec, ratios, f"rmsnorm[{name}/T{T}]", lambda: rms_norm(x, w, eps),
                         (lambda: hf(x)) if hf else None, (lambda: lg(x)) if lg else None,
-                        2 * T * H * 2 + H * 2, T, H=H)
+                        2 * T * H * 2 + H * 2, T, H=H,
+                        make_ours=lambda i: (lambda x=copy_of(x, i): rms_norm(x, w, eps)))
             _bench_case(rec, ratios, f"rmsnorm_residual[{name}/T{T}]", lambda: rms_norm_residual(x, r, w, eps),
                         (lambda: hf(x + r)) if hf else None, (lambda: lg_add(x, r)) if lg_add else None,
-                        4 * T * H * 2 + H * 2, T, H=H)
+                        4 * T * H * 2 + H * 2, T, H=H,
+                        make_ours=lambda i: (lambda x=copy_of(x, i), r=copy_of(r, i): rms_norm_residual(x, r, w, eps)))
             q = rand(T, hq, d, seed=T + 2)
             _bench_case(rec, ratios, f"qk_norm[{name}/T{T}]", lambda: rms_norm(q, wd, eps),
                         (lambda: hf_qk(q)) if hf_qk else None, (lambda: lg_qk(q)) if lg_qk else None,
-                        2 * T * hq * d * 2 + d * 2, T, heads=hq, d=d)
+                        2 * T * hq * d * 2 + d * 2, T, heads=hq, d=d,
+                        make_ours=lambda i: (lambda q=copy_of(q, i): rms_norm(q, wd, eps)))
     for k, v in ratios.items():
         rec.summarize(k, v)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, graph_vs_eager, liger,
-                                          rand, ratio, rel_l2, row_slices, shuffled_rows, tbps, timed)
+from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, copy_of, graph_vs_eager, liger,
+                                          streamed, rand, ratio, rel_l2, row_slices, shuffled_rows, tbps, timed)
 from areal_tik_plugin.ops import apply_rope, apply_rope_kv_write
 
 N_FULL = 16384   # tokens of the full-sequence call
@@ -255,6 +255,9 @@ def run_bench(rec, quick: bool = False) -> None:
                 q4, k4 = q.view(1, T, hq, d).transpose(1, 2), k.view(1, T, hkv, d).transpose(1, 2)
                 lgt = timed(rec, "rope/liger", lambda: lg(q4, k4, cos[None], sin[None]))
             nbytes = 2 * T * (hq + hkv) * d * 2 + T * 8
+            if T >= 4096:
+                streamed(rec, "rope/ours", ours, nbytes,
+                         lambda i: (lambda q=copy_of(q, i), k=copy_of(k, i): apply_rope(q, k, pos, inv)))
             bw = tbps(nbytes, ours)
             row = {"T": T, "heads": f"{hq}/{hkv}", "bytes": nbytes, "ours": ours, "hf_eager_apply": hf,
                    "hf_eager_cos_sin_apply": hf_full, "liger": lgt if lg is not None else "unavailable", "ours_bw": bw}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, graph_vs_eager, liger,
-                                          rand, ratio, rel_l2, row_slices, shuffled_rows, tbps, timed)
+from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, copy_of, graph_vs_eager, liger,
+                                          rand, ratio, rel_l2, row_slices, shuffled_rows, streamed, tbps, timed)
 from areal_tik_plugin.ops import swiglu, swiglu_fused
 
 N_FULL = 16384   # rows of the full-sequence call
@@ -142,6 +142,8 @@ def run_bench(rec, quick: bool = False) -> None:
             hf = timed(rec, "swiglu/hf", lambda: act(g) * u) if act else None
             lgt = timed(rec, "swiglu/liger", lambda: lg(g, u)) if lg else None
             nbytes = 3 * T * I * 2
+            if T >= 4096:
+                streamed(rec, "swiglu/ours", ours, nbytes, lambda i: (lambda gu=copy_of(gu, i): swiglu_fused(gu)))
             bw = tbps(nbytes, ours)
             row = {"T": T, "I": I, "bytes": nbytes, "ours": ours, "hf_eager": hf,
                    "liger": lgt if lg else "unavailable", "ours_bw": bw}
