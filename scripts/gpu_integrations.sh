@@ -33,7 +33,8 @@ for step in "$@"; do
   case $step in
     sglang)
       # TIK_SGL_TINY=1: a tiny eager run first (a failure shows in ~1 min); then the qwen3-4b-shaped proof
-      # (TIK_SGL_BASELINES: stock backends timed on the same workload; TIK_SGL_EAGER=1: no CUDA graphs)
+      # (TIK_SGL_BASELINES: stock backends timed on the same workload; TIK_SGL_EAGER=1: no CUDA graphs;
+      # TIK_SGL_SHAPE=qwen3-30b-a3b: the Qwen3-MoE model path, TIK_SGL_MOE_LAYERS layers, default 4)
       r=0
       if [ "${TIK_SGL_TINY:-1}" = 1 ]; then
         timeout 170 python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out "$W/tiny" --stub-sgl-kernel \
@@ -43,7 +44,7 @@ for step in "$@"; do
       if [ $r -eq 0 ] || [ $r -eq 3 ]; then
         eager=; [ "${TIK_SGL_EAGER:-0}" = 1 ] && eager="--engine-arg disable_cuda_graph=true"
         timeout "${TIK_SGL_LIMIT:-390}" python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out "$W" --stub-sgl-kernel \
-          --batch "${TIK_SGL_BATCH:-32}" --new "${TIK_SGL_NEW:-128}" --baselines "${TIK_SGL_BASELINES-triton,torch_native}" \
+          --shape "${TIK_SGL_SHAPE:-qwen3-4b}" --batch "${TIK_SGL_BATCH:-32}" --new "${TIK_SGL_NEW:-128}" --baselines "${TIK_SGL_BASELINES-triton,torch_native}" \
           --timeout $(( ${TIK_SGL_LIMIT:-390} - 20 )) $eager >"$W/sglang.log" 2>&1 || rc=1
         grep -E "Error|error:|Traceback" "$W/sglang.log" | head -8; tail -6 "$W/sglang.log"
       else

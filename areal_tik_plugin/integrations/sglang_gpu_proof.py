@@ -4,7 +4,8 @@
     python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out $OUT [--stub-sgl-kernel]
 
 1. builds a qwen3-4b-shaped random checkpoint (36 layers, hidden 2560, 32/8 heads x 128, MLP 9728,
-   vocab 151936; tiny local tokenizer) on the GPU;
+   vocab 151936; tiny local tokenizer) on the GPU, or with ``--shape qwen3-30b-a3b`` a Qwen3-MoE one with
+   Qwen3-30B-A3B's layer shape (128 experts, top-8) and its first TIK_SGL_MOE_LAYERS (4) layers;
 2. SGLang Engine ``attention_backend="tik"`` (CUDA graphs on): after a warm-up batch on other prompts
    (JIT compilation; neither timed nor compared), ``--batch`` requests sharing a prefix, greedy then
    sampled (per-request temperatures, radix-cache hits), chunked prefill, ``--new`` tokens each; timed;
@@ -32,6 +33,12 @@ from areal_tik_plugin.integrations import sglang_check as SC
 
 QWEN3_4B = dict(vocab_size=151936, hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
                 intermediate_size=9728, init_std=0.02)
+# Qwen3-30B-A3B's layer shape (128 experts, top-8, moe_intermediate 768), first TIK_SGL_MOE_LAYERS layers
+# (default 4): the MoE model path in SGLang (fused RoPE + set_kv_buffer on a CUDA bf16 pool, our MoE layer)
+QWEN3_30B_A3B = dict(vocab_size=151936, hidden_size=2048, num_layers=int(os.environ.get("TIK_SGL_MOE_LAYERS", "4")),
+                     num_heads=32, num_kv_heads=4, head_dim=128, intermediate_size=6144, num_experts=128, top_k=8,
+                     moe_intermediate_size=768, init_std=0.02)
+SHAPES = {"qwen3-4b": ("qwen3", QWEN3_4B), "qwen3-30b-a3b": ("qwen3_moe", QWEN3_30B_A3B), "tiny": ("qwen3", {})}
 
 
 def _prompts(batch, prefix_len, vocab_hi, seed=0):
@@ -51,7 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--baselines", default="triton,torch_native")
     ap.add_argument("--stub-sgl-kernel", action="store_true")
     ap.add_argument("--device", default="cuda", help="cuda (the run), or cpu with --shape tiny (smoke test)")
-    ap.add_argument("--shape", default="qwen3-4b", choices=["qwen3-4b", "tiny"])
+    ap.add_argument("--shape", default="qwen3-4b", choices=sorted(SHAPES))
     ap.add_argument("--timeout", type=float, default=1500,
                     help="seconds for all engines together (each baseline gets what is left, minus --reserve)")
     ap.add_argument("--reserve", type=float, default=90,
@@ -64,10 +71,11 @@ def main(argv=None) -> int:
     from areal_tik_plugin.integrations.areal.tiny import SGLANG_TINY, build_model
 
     os.makedirs(a.out, exist_ok=True)
-    model = a.model_dir or os.path.join(tempfile.gettempdir(), f"tik-qwen3-{a.shape}-random")
+    kind, shape = SHAPES[a.shape]
+    model = a.model_dir or os.path.join(tempfile.gettempdir(), f"tik-{kind}-{a.shape}-random")
     if not os.path.exists(os.path.join(model, "config.json")):
         t = time.time()
-        build_model(model, "qwen3", device=a.device, **{**SGLANG_TINY, **(QWEN3_4B if a.shape == "qwen3-4b" else {})})
+        build_model(model, kind, device=a.device, **{**SGLANG_TINY, **shape})
         print(f"built {model} in {time.time() - t:.0f} s", flush=True)
     ids = _prompts(a.batch, a.prefix, 100)
     temps = [(0.6, 0.8, 1.0, 1.2)[i % 4] for i in range(a.batch)]
@@ -152,7 +160,8 @@ def main(argv=None) -> int:
     report["requests"] = len(reqs)
     report["bitwise_mismatching_requests"] = bad
     report["cached_tokens_second_round"] = [r["cached_tokens"] for r in tik["jobs"][2]["requests"]]
-    report["ops"] = SC.summarize(SC.read_stats(stats_dir), moe=False)
+    report["shape"], report["model_kind"] = a.shape, kind
+    report["ops"] = SC.summarize(SC.read_stats(stats_dir), moe=kind == "qwen3_moe")
     with open(os.path.join(a.out, "sglang_gpu_proof.json"), "w") as f:
         json.dump(report, f, indent=2)
     for name, b in report["backends"].items():
