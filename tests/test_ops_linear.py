@@ -71,7 +71,11 @@ def test_config_table_is_shape_only_and_complete():
             seen.add(cfg["name"])
             if M <= 64:
                 assert cfg["BLOCK_M"] >= M and cfg["name"].startswith("small")
-    # every decode-sized tile is reached by some shape, and at least one large tile
+    # every decode-sized variant is reached by some shape (model-like N x K grid), and at least one large tile
+    for M in (1, 8, 16, 17, 32, 33, 64):
+        for N in (128, 512, 1536, 2048, 2560, 4096, 5120, 6144, 12288, 19456, 24576, 151936):
+            for K in (1536, 2048, 2560, 4096, 8960, 9728, 12288):
+                seen.add(gemm.config_for(M, N, K, 132)["name"])
     assert {n for n in names if n.startswith("small")} <= seen and any(n.startswith("large") for n in seen)
 
 

@@ -37,7 +37,11 @@ SHAPES = {
     ("qwen3-8b", "down"): (4096, 12288),
     ("qwen3-30b-a3b", "qkv"): (5120, 2048),
     ("qwen3-30b-a3b", "o"): (2048, 4096),
+    # --lm-head: the vocab projections (not in the default sweep: one copy is 470 / 780 MB)
+    ("qwen2.5-1.5b", "lm_head"): (151936, 1536),
+    ("qwen3-4b", "lm_head"): (151936, 2560),
 }
+LM_HEAD = {k for k in SHAPES if k[1] == "lm_head"}
 SMALL_M = (1, 16, 64)
 LARGE_M = (1024, 4096)
 SMALL_BN = (16, 32, 64, 128)
@@ -77,8 +81,9 @@ def configs(M: int, persistent: bool = False) -> list[dict]:
 # --split: for a split weight (K >= GEMM_SPLIT_MIN_K) the paths and loop forms of the split: small M
 # partial (workspace + ordered reduce) vs fused (two accumulators per program, one loop per chunk or
 # one flat loop); large M the fused path on these tiles, both loop forms
-SPLIT_SMALL_BN = (32, 64, 128)
+SPLIT_SMALL_BN = (32, 64, 128, 256)
 SPLIT_SMALL_STAGES = (4, 8, 12)
+SPLIT_SMALL_WARPS = (4, 8)  # 8 warps only for BLOCK_N >= 128 (two warpgroups over the N tile)
 SPLIT_LARGE = ((128, 128, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4),
                (64, 128, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (64, 256, 4, 3))
 
@@ -87,13 +92,16 @@ def split_configs(M: int) -> list[dict]:
     out = []
     if M <= 64:
         bm = _small_bm(M)
-        for bn, st in itertools.product(SPLIT_SMALL_BN if M > 16 else (16, 32), SPLIT_SMALL_STAGES):
+        for bn, st, w in itertools.product(SPLIT_SMALL_BN if M > 16 else (16, 32, 64), SPLIT_SMALL_STAGES,
+                                           SPLIT_SMALL_WARPS):
+            if w == 8 and bn < 128:
+                continue
             for split, flat in (("partial", False), ("fused", False), ("fused", True)):
                 if split == "fused" and not flat and M <= 16:
                     continue  # decode M: the flat fused loop only (one program per tile, no workspace/reduce)
-                out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=st, GROUP_M=1, tma=False,
+                out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, GROUP_M=1, tma=False,
                                 split=split, flat=flat,
-                                name=f"s_m{bm}_n{bn}_s{st}_{split}{'_flat' if flat else ''}"))
+                                name=f"s_m{bm}_n{bn}_s{st}{'_w8' if w == 8 else ''}_{split}{'_flat' if flat else ''}"))
     else:
         for (bm, bn, w, st), flat in itertools.product(SPLIT_LARGE, (False, True)):
             out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, GROUP_M=8, tma=True,
@@ -121,13 +129,19 @@ def main(argv=None) -> int:
                     help="on split weights sweep the split paths / loop forms (split_configs) instead of configs")
     ap.add_argument("--persistent", action="store_true",
                     help="large M: add the persistent TMA kernel on the PERSISTENT tiles (split weights: flat form)")
+    ap.add_argument("--lm-head", action="store_true", help="add the lm_head shapes")
+    ap.add_argument("--current-only", action="store_true",
+                    help="time only config_for's choice (and cuBLAS), plus that choice at each --stages value")
+    ap.add_argument("--stages", default="", help="with --current-only: comma list of num_stages to try on the choice")
     args = ap.parse_args(argv)
     from areal_tik_plugin.loader import get_implementation
 
     impl = get_implementation()
     gemm = impl.module("gemm")
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    shapes = SHAPES if not args.shapes else {k: v for k, v in SHAPES.items() if f"{k[0]}:{k[1]}" in args.shapes.split(",")}
+    shapes = {k: v for k, v in SHAPES.items() if args.lm_head or k not in LM_HEAD}
+    if args.shapes:
+        shapes = {k: v for k, v in SHAPES.items() if f"{k[0]}:{k[1]}" in args.shapes.split(",")}
     Ms = [int(x) for x in args.small_m.split(",") if x] + [int(x) for x in args.large_m.split(",") if x]
     res = {"implementation": impl.name, "source_hash": impl.source_hash, "rows": [], "started": time.time()}
     t0 = time.time()
@@ -142,7 +156,11 @@ def main(argv=None) -> int:
                    "current_us": _graph_us([lambda w=w: gemm.linear(x, w, config=cur) for w in ws]),
                    "cublas_us": _graph_us([lambda w=w: F.linear(x, w) for w in ws]), "configs": {}, "mismatch": []}
             split_weight = gemm.split_chunk(K) < K
-            for cfg in (split_configs(M) if args.split and split_weight else configs(M, args.persistent)):
+            if args.current_only:
+                cands = [dict(cur, num_stages=int(st), name=f"{cur['name']}_s{st}") for st in args.stages.split(",") if st]
+            else:
+                cands = split_configs(M) if args.split and split_weight else configs(M, args.persistent)
+            for cfg in cands:
                 try:
                     y = gemm.linear(x, ws[0], config=cfg)
                     torch.cuda.synchronize()
@@ -157,7 +175,8 @@ def main(argv=None) -> int:
                 best = min(timed, key=timed.get)
                 row["best"], row["best_us"] = best, timed[best]
             res["rows"].append(row)
-            print(f"{model:<14}{layer:<8}M={M:<6} current {row['current']:<16}{row['current_us']:8.1f}  "
+            row["current_stages"] = cur["num_stages"]
+            print(f"{model:<14}{layer:<8}M={M:<6} current {row['current'] + '_s' + str(cur['num_stages']):<34}{row['current_us']:8.1f}  "
                   f"best {row.get('best', '-'):<24}{row.get('best_us', float('nan')):8.1f}  cublas {row['cublas_us']:8.1f}"
                   f"  mismatches {len(row['mismatch'])}", flush=True)
         del ws

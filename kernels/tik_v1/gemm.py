@@ -46,19 +46,37 @@ from ._rowops import (cdiv as _cdiv, interpreting as _rowops_interpreting, launc
 # Free knobs (bits do not depend on any of these; the search may move them freely).
 # ------------------------------------------------------------------------------------------------
 # Decode-sized M (<= 64): weight-bandwidth bound. One row tile (x rows past M are masked, so they
-# cost no memory traffic); many programs over N; a deep cp.async pipeline so that each program keeps
-# ~SMALL_M_INFLIGHT_BYTES of weights in flight (Little's law: ~4.8 TB/s x ~0.8 us over 132 SMs).
-# Values from the H200 sweep (python -m areal_tik_plugin.gpu.gemm_sweep, 12 dense shapes of
-# Qwen2.5-1.5B / Qwen3-4B / Qwen3-8B / Qwen3-30B-A3B, weights streamed from HBM): BLOCK_N 32 unless
-# that leaves fewer than 0.6 programs per SM, then 16; 4 warps; <= 12 stages.
-SMALL_M_TABLE = ((16, 16), (32, 32), (64, 64))      # (max_M, BLOCK_M)
-SMALL_M_BLOCK_N = (32, 16)                          # largest giving >= SMALL_M_MIN_PROGRAMS_PER_SM
-SMALL_M_MIN_PROGRAMS_PER_SM = 0.6
-SMALL_M_INFLIGHT_BYTES = 32768
+# cost no memory traffic); many programs over N. Per row tier (max_M, BLOCK_M): the widest BLOCK_N of
+# the tier's candidates that still gives >= the tier's programs per SM (else the narrowest); warps per
+# BLOCK_N on unsplit weights (SMALL_M_WARPS on split ones); stages from Little's law: about
+# SMALL_M_INFLIGHT_BYTES of weights in flight per SM at the average programs per SM, clamped to
+# [SMALL_M_MIN_STAGES, SMALL_M_MAX_STAGES] and to what one wave of programs can hold in
+# SMALL_M_SMEM_PER_SM (programs that do not fit would run as a tail wave). Session-15 H200 sweep
+# (python -m areal_tik_plugin.gpu.gemm_sweep --small-m 1,8,16,32,64 --split: 12 dense shapes of
+# Qwen2.5-1.5B / Qwen3-4B / Qwen3-8B / Qwen3-30B-A3B, weights streamed from HBM, 0 bit mismatches): the
+# old rule (BLOCK_N 32, 9 stages, 4 warps) left e.g. Qwen3-4B gate_up at M=1 at 38.5 us where BLOCK_N 64
+# with 5 stages took 28.3 (cuBLAS 31.6): 9 stages let only 4 of its 4.6 programs per SM be resident.
+SMALL_M_TIERS = (
+    # (max_M, BLOCK_M, BLOCK_N candidates unsplit, min programs/SM, BLOCK_N candidates split partials,
+    #  min programs/SM (tiles x chunks), warps by BLOCK_N on unsplit weights)
+    (16, 16, (64, 32, 16), 0.6, (64, 32, 16), 0.6, ((64, 4), (32, 2), (16, 4))),
+    (32, 32, (128, 64, 32, 16), 1.0, (128, 64, 32), 1.0, ((128, 2), (64, 2), (32, 2), (16, 2))),
+    (64, 64, (64, 32, 16), 0.6, (64, 32), 2.5, ((64, 4), (32, 4), (16, 4))),
+)
+SMALL_M_INFLIGHT_BYTES = 49152
+# ... except with >= SMALL_M_MANY_WAVES waves of programs (lm_head: 2374 at BLOCK_N 64), where the stage
+# count per BLOCK_M is SMALL_M_MANY_WAVES_STAGES (session-15 sweep, Qwen3-4B lm_head: M=1 182.8 us at 12
+# stages vs 193.6 at 4, M=64 197.9 at 4 vs 213.7 at 8; cuBLAS 188.4 / 200.2)
+SMALL_M_MANY_WAVES = 8
+SMALL_M_MANY_WAVES_STAGES = ((16, 12), (32, 4), (64, 4))
+SMALL_M_MIN_STAGES = 4
 SMALL_M_MAX_STAGES = 12
-SMALL_M_WARPS = 4
-SMALL_M_TMA = False                                 # pointer loads measured ~3% faster at BLOCK_M 64
-SMALL_M_SMEM_BUDGET = 160 * 1024
+SMALL_M_SMEM_PER_SM = 200 * 1024
+SMALL_M_WARPS = 4                                   # split weights (partial and fused flat paths)
+# unsplit weights at BLOCK_M >= TMA_MIN_BLOCK_M and BLOCK_N >= SMALL_M_TMA_MIN_BLOCK_N: TMA loads (sweep,
+# M=64, BLOCK_N 64: 1-5% faster; BLOCK_N 16 / 32 on Qwen2.5-1.5B o: 6.1 / 6.3 us vs 5.2 / 5.6 without)
+SMALL_M_TMA = True
+SMALL_M_TMA_MIN_BLOCK_N = 64
 # Larger M: compute bound. Candidate tiles (BLOCK_M, BLOCK_N, num_warps, num_stages, programs per
 # SM that fit in shared memory, relative per-SM throughput); config_for picks the one with the
 # least modeled time (waves x tile work / throughput). The same sweep measured 128x128 with one
@@ -78,28 +96,25 @@ LARGE_M_PERSISTENT = True
 # speed) chosen by the same wave model as LARGE_M_TILES: session-14 sweep over the eight split shapes
 # at M 1024 / 4096, two warpgroups, 128x128 with 5 stages or 128x256 with 4; the model picks the
 # measured faster of the two on all 16 (shape, M) points (geomean vs cuBLAS 0.793 -> 0.90 at M=1024
-# and 0.859 -> 0.89 at 4096 when each point takes its faster one).
+# and 0.859 -> 0.884 at 4096 when each point takes its faster one).
 LARGE_M_SPLIT_TILES = (
     (128, 128, 8, 5, 1, 0.97),
     (128, 256, 8, 4, 1, 1.00),
 )
-# Small M on a split weight, M > SPLIT_SMALL_MID_M: chunk partials with BLOCK_N 64, 4 stages (M=64:
-# 4B down 21.6 / 8B down 35.6 us vs 27.9 / 43.6 us with the unsplit rule's BLOCK_N 32 / 9 stages).
-SPLIT_SMALL_MID_M = 16
-SPLIT_SMALL_MID = (64, 4)  # (BLOCK_N, num_stages)
-# ... except a weight of at most SPLIT_FUSED_MAX_CHUNKS chunks: the fused flat path (the unsplit
-# kernel's program count) with BLOCK_N / stages SPLIT_FUSED_MID (sweep, Qwen3-4B o, 2 chunks, M=64:
-# 13.5 us fused flat 32 / 8 vs 15.9 us partial 64 / 4; cuBLAS 9.8 us). Not yet GPU-checked as a rule.
+# Small M on a split weight: the chunk-partial path (tiles x chunks programs, the ordered reduce in
+# each tile's last program), except a weight of <= SPLIT_FUSED_MAX_CHUNKS chunks that has >=
+# SPLIT_FUSED_MIN_PROGRAMS_PER_SM programs per SM at BLOCK_N SPLIT_FUSED_BLOCK_N (wide fused qkv /
+# gate_up): the fused flat path there
+# (no workspace; sweep: Qwen3-8B gate_up M=1 51.6 us vs 54.2 partial); and from M >=
+# SPLIT_FUSED_NARROW_MIN_M the narrow ones too, at BLOCK_N SPLIT_FUSED_NARROW_BLOCK_N (sweep, M=64:
+# Qwen3-4B o 12.7 vs 13.7 partial, Qwen3-8B o 13.4 vs 14.2; at M=32 partial wins: 12.3 vs 13.7).
 SPLIT_FUSED_MAX_CHUNKS = 2
-SPLIT_FUSED_MID = (32, 8)
-# ... and at M <= SPLIT_SMALL_MID_M the same weights take the fused flat path (BLOCK_N, stages) =
-# SPLIT_FUSED_SMALL when it still gives >= SPLIT_FUSED_SMALL_MIN_PROGRAMS_PER_SM programs per SM: no
-# workspace, no reduce launch (session-13 sweep, M=1: Qwen3-8B gate_up 57.3 vs 62.5 us partial, qkv
-# 17.8 vs 18.0; narrower N keeps the partial path: 8B o 128 programs 13.4 vs 12.8 us, 4B o 13.0 vs 11.5).
-SPLIT_FUSED_SMALL = (32, 12)
-SPLIT_FUSED_SMALL_MIN_PROGRAMS_PER_SM = 1.0
-# Split weight, M <= SPLIT_PARTIAL_MAX_M: chunk partials in separate programs (tiles x chunks) + an
-# ordered reduction kernel; larger M: both accumulators in one program ("fused"), whose program count
+SPLIT_FUSED_BLOCK_N = 64
+SPLIT_FUSED_MIN_PROGRAMS_PER_SM = 0.6  # (sweep, M=32: Qwen3-8B qkv fused flat 17.0 us vs 18.7 partial)
+SPLIT_FUSED_NARROW_MIN_M = 33
+SPLIT_FUSED_NARROW_BLOCK_N = 32
+# Split weight, M <= SPLIT_PARTIAL_MAX_M: the small-M rule above (chunk partials in separate programs,
+# tiles x chunks, + the ordered reduction, or the fused flat path); larger M: both accumulators in one program ("fused"), whose program count
 # equals the unsplit kernel's. SPLIT_FLAT: the fused path runs one pipelined K loop and adds the
 # finished chunk at each chunk boundary (else one loop per chunk). Same arithmetic on every path.
 SPLIT_PARTIAL_MAX_M = 64
@@ -113,22 +128,24 @@ CPU_BLOCK = (64, 64)
 KNOBS = {
     "coupled": {"GEMM_BLOCK_K": C.GEMM_BLOCK_K},
     "free": {
-        "SMALL_M_TABLE": SMALL_M_TABLE,
-        "SMALL_M_BLOCK_N": SMALL_M_BLOCK_N,
-        "SMALL_M_MIN_PROGRAMS_PER_SM": (0.5, 0.6, 1, 2),
-        "SMALL_M_INFLIGHT_BYTES": (16384, 32768, 65536),
-        "SMALL_M_MAX_STAGES": (5, 8, 12, 17),
+        "SMALL_M_TIERS": SMALL_M_TIERS,
+        "SMALL_M_INFLIGHT_BYTES": (32768, 49152, 65536),
+        "SMALL_M_MANY_WAVES": (4, 8, 16),
+        "SMALL_M_MANY_WAVES_STAGES": SMALL_M_MANY_WAVES_STAGES,
+        "SMALL_M_MIN_STAGES": (2, 3, 4),
+        "SMALL_M_MAX_STAGES": (8, 12, 16),
+        "SMALL_M_SMEM_PER_SM": (160 * 1024, 200 * 1024, 224 * 1024),
         "SMALL_M_WARPS": (2, 4),
         "SMALL_M_TMA": (False, True),
+        "SMALL_M_TMA_MIN_BLOCK_N": (16, 32, 64),
         "LARGE_M_TILES": LARGE_M_TILES,
         "LARGE_M_SPLIT_TILES": LARGE_M_SPLIT_TILES,
         "LARGE_M_PERSISTENT": (False, True),
-        "SPLIT_SMALL_MID_M": (16, 32, 64),
-        "SPLIT_SMALL_MID": ((32, 8), (64, 4), (128, 4), (128, 8)),
         "SPLIT_FUSED_MAX_CHUNKS": (1, 2, 3),
-        "SPLIT_FUSED_MID": ((32, 8), (32, 4), (64, 4)),
-        "SPLIT_FUSED_SMALL": ((32, 4), (32, 8), (32, 12), (16, 8)),
-        "SPLIT_FUSED_SMALL_MIN_PROGRAMS_PER_SM": (0.5, 1.0, 2.0, 1e9),
+        "SPLIT_FUSED_BLOCK_N": (32, 64, 128),
+        "SPLIT_FUSED_MIN_PROGRAMS_PER_SM": (0.6, 1.0, 1e9),
+        "SPLIT_FUSED_NARROW_MIN_M": (17, 33, 65),
+        "SPLIT_FUSED_NARROW_BLOCK_N": (16, 32, 64),
         "SPLIT_PARTIAL_MAX_M": (1, 16, 32, 64),
         "SPLIT_FLAT": (False, True),
         "SPLIT_REDUCE_IN_LAST": (False, True),
@@ -263,6 +280,31 @@ def _linear_ptr_kernel(
     tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+@triton.jit
+def _tma_chain(x_desc, w_desc, off_m, off_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, N_CHUNKS: tl.constexpr):
+    """One tile's K reduction with TMA loads (out-of-bounds K columns are zero-filled by TMA): one chain
+    (N_CHUNKS == 1), or a split weight's flat form: one pipelined loop that adds the finished chunk to
+    the running sum at each chunk boundary, chunks in order."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if N_CHUNKS == 1:
+        for ki in range(k_tiles):
+            a = x_desc.load([off_m, ki * BLOCK_K])
+            b = w_desc.load([off_n, ki * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+    else:
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = x_desc.load([off_m, ki * BLOCK_K])
+            b = w_desc.load([off_n, ki * BLOCK_K])
+            part = tl.dot(a, b.T, part)
+            if ((ki + 1) % (CHUNK_K // BLOCK_K) == 0) | (ki == k_tiles - 1):
+                acc = acc + part
+                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])
 def _linear_tma_kernel(
     x_desc, w_desc, y_desc, Bias, M, N, K,
@@ -275,23 +317,10 @@ def _linear_tma_kernel(
     pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if N_CHUNKS == 1:
-        for k0 in range(0, K, BLOCK_K):  # out-of-bounds K columns are zero-filled by TMA
-            a = x_desc.load([off_m, k0])
-            b = w_desc.load([off_n, k0])
-            acc = tl.dot(a, b.T, acc)
-    elif SPLIT_FLAT:  # split weight (see _linear_ptr_kernel)
-        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_tiles = tl.cdiv(K, BLOCK_K)
-        for ki in range(0, k_tiles):
-            a = x_desc.load([off_m, ki * BLOCK_K])
-            b = w_desc.load([off_n, ki * BLOCK_K])
-            part = tl.dot(a, b.T, part)
-            if ((ki + 1) % (CHUNK_K // BLOCK_K) == 0) | (ki == k_tiles - 1):
-                acc = acc + part
-                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if (N_CHUNKS == 1) | SPLIT_FLAT:  # one chain, or the split weight's flat loop (see _linear_ptr_kernel)
+        acc = _tma_chain(x_desc, w_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK_K, N_CHUNKS)
     else:  # split weight, large M (see _linear_ptr_kernel)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for c in range(N_CHUNKS):
             k_lo = c * CHUNK_K
             k_hi = tl.minimum(k_lo + CHUNK_K, K)
@@ -320,26 +349,11 @@ def _linear_tma_persistent_kernel(
     is still one chain per chunk in increasing K order (split weight: the flat form, chunks in order)."""
     pdl_start(PDL)
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if N_CHUNKS == 1:
-            for ki in range(k_tiles):
-                a = x_desc.load([off_m, ki * BLOCK_K])
-                b = w_desc.load([off_n, ki * BLOCK_K])
-                acc = tl.dot(a, b.T, acc)
-        else:
-            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ki in range(k_tiles):
-                a = x_desc.load([off_m, ki * BLOCK_K])
-                b = w_desc.load([off_n, ki * BLOCK_K])
-                part = tl.dot(a, b.T, part)
-                if ((ki + 1) % (CHUNK_K // BLOCK_K) == 0) | (ki == k_tiles - 1):
-                    acc = acc + part
-                    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = _tma_chain(x_desc, w_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK_K, N_CHUNKS)
         offs_n = off_n + tl.arange(0, BLOCK_N)
         acc = _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS)
         y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
@@ -432,27 +446,11 @@ def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
     if cpu:
         bm = min(CPU_BLOCK[0], max(16, _next_pow2(max(M, 1))))
         bn = min(CPU_BLOCK[1], max(16, _next_pow2(max(N, 1))))
-        split = "partial" if M <= SMALL_M_TABLE[-1][0] else "fused"
+        split = "partial" if M <= SMALL_M_TIERS[-1][0] else "fused"
         return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1, GROUP_M=GROUP_M, tma=False,
                     split=split, name=f"cpu_m{bm}_n{bn}_{split}")
-    if M <= SMALL_M_TABLE[-1][0]:
-        bm = next(b for max_m, b in SMALL_M_TABLE if M <= max_m)
-        bn = SMALL_M_BLOCK_N[-1]
-        partial = M <= SPLIT_PARTIAL_MAX_M
-        few_chunks = split_chunk(K) < K and _cdiv(K, split_chunk(K)) <= SPLIT_FUSED_MAX_CHUNKS
-        if partial and M > SPLIT_SMALL_MID_M and split_chunk(K) < K:
-            if few_chunks:
-                return _small_config(bm, SPLIT_FUSED_MID[0], split="fused", flat=True, stages=SPLIT_FUSED_MID[1])
-            return _small_config(bm, SPLIT_SMALL_MID[0], split="partial", stages=SPLIT_SMALL_MID[1])
-        if (partial and few_chunks
-                and _cdiv(N, SPLIT_FUSED_SMALL[0]) >= SPLIT_FUSED_SMALL_MIN_PROGRAMS_PER_SM * num_sms):
-            return _small_config(bm, SPLIT_FUSED_SMALL[0], split="fused", flat=True, stages=SPLIT_FUSED_SMALL[1])
-        chunks = _cdiv(K, split_chunk(K)) if partial else 1  # the partial path runs tiles x chunks programs
-        for cand in SMALL_M_BLOCK_N:
-            if _cdiv(N, cand) * chunks >= SMALL_M_MIN_PROGRAMS_PER_SM * num_sms:
-                bn = cand
-                break
-        return _small_config(bm, bn, split="partial" if partial else "fused")
+    if M <= SMALL_M_TIERS[-1][0]:
+        return _small_m_config(M, N, K, num_sms)
     split_weight = split_chunk(K) < K
     best, best_time = None, float("inf")
     for bm, bn, warps, stages, per_sm, speed in (LARGE_M_SPLIT_TILES if split_weight else LARGE_M_TILES):
@@ -476,33 +474,87 @@ def _large_config(bm: int, bn: int, warps: int, stages: int, split_weight: bool 
                      f"{'flat_' if split_weight and flat else ''}m{bm}_n{bn}_w{warps}_s{stages}")
 
 
-def _small_config(bm: int, bn: int, split: str = "partial", flat=None, stages=None) -> dict:
+def _small_m_config(M: int, N: int, K: int, num_sms: int) -> dict:
+    """The decode-sized rule (SMALL_M_TIERS, the SPLIT_FUSED_* knobs); see the comments there."""
+    _, bm, bn_plain, min_plain, bn_split, min_split, warps_by_bn = next(t for t in SMALL_M_TIERS if M <= t[0])
+
+    def widest(cands, programs, min_per_sm):
+        return next((bn for bn in cands if programs(bn) >= min_per_sm * num_sms), cands[-1])
+
+    chunks = _cdiv(K, split_chunk(K))
+    if chunks == 1:
+        bn = widest(bn_plain, lambda b: _cdiv(N, b), min_plain)
+        return _small_config(bm, bn, split="fused", warps=dict(warps_by_bn)[bn], programs=_cdiv(N, bn),
+                             num_sms=num_sms, tma=SMALL_M_TMA)
+    if M > SPLIT_PARTIAL_MAX_M:
+        bn = widest(bn_plain, lambda b: _cdiv(N, b), min_plain)
+        return _small_config(bm, bn, split="fused", flat=True, programs=_cdiv(N, bn), num_sms=num_sms)
+    if chunks <= SPLIT_FUSED_MAX_CHUNKS:
+        bn = None
+        if _cdiv(N, SPLIT_FUSED_BLOCK_N) >= SPLIT_FUSED_MIN_PROGRAMS_PER_SM * num_sms:
+            bn = SPLIT_FUSED_BLOCK_N
+        elif M >= SPLIT_FUSED_NARROW_MIN_M:
+            bn = SPLIT_FUSED_NARROW_BLOCK_N
+        if bn is not None:
+            return _small_config(bm, bn, split="fused", flat=True, programs=_cdiv(N, bn), num_sms=num_sms)
+    bn = widest(bn_split, lambda b: _cdiv(N, b) * chunks, min_split)
+    return _small_config(bm, bn, split="partial", programs=_cdiv(N, bn) * chunks, num_sms=num_sms)
+
+
+def _small_stages(bm: int, bn: int, programs: int, num_sms: int) -> int:
+    """Pipeline depth: ~SMALL_M_INFLIGHT_BYTES of weights in flight per SM; when all programs fit in one
+    wave at SMALL_M_MIN_STAGES, no deeper than keeps them all resident (many waves: the in-flight rule)."""
+    w_bytes = bn * C.GEMM_BLOCK_K * 2
+    stage_bytes = (bm + bn) * C.GEMM_BLOCK_K * 2
+    if programs >= SMALL_M_MANY_WAVES * num_sms:
+        stages = next((st for max_bm, st in SMALL_M_MANY_WAVES_STAGES if bm <= max_bm), SMALL_M_MIN_STAGES)
+        return max(2, min(stages, SMALL_M_SMEM_PER_SM // stage_bytes))
+    per_sm = programs / num_sms
+    stages = 1 + int(SMALL_M_INFLIGHT_BYTES // (per_sm * w_bytes))
+    stages = max(SMALL_M_MIN_STAGES, min(SMALL_M_MAX_STAGES, stages))
+    resident = _cdiv(programs, num_sms)
+    if resident * SMALL_M_MIN_STAGES * stage_bytes <= SMALL_M_SMEM_PER_SM:  # one wave can be resident: keep it so
+        stages = min(stages, SMALL_M_SMEM_PER_SM // (resident * stage_bytes))
+    return max(2, min(stages, SMALL_M_SMEM_PER_SM // stage_bytes))
+
+
+def _small_config(bm: int, bn: int, split: str = "partial", flat=None, stages=None, warps=None, programs=None,
+                  num_sms: int = 132, tma: bool = False) -> dict:
+    """A decode-sized configuration. The name leaves out the stage count (a pure scheduling choice,
+    computed per shape by _small_stages): one name per compiled kernel variant up to its pipeline depth."""
     flat = SPLIT_FLAT if flat is None else flat
-    explicit = stages is not None
+    warps = SMALL_M_WARPS if warps is None else warps
     if stages is None:
-        bytes_per_stage = bn * C.GEMM_BLOCK_K * 2
-        stages = 1 + max(1, SMALL_M_INFLIGHT_BYTES // bytes_per_stage)
-        stages = min(stages, SMALL_M_MAX_STAGES, SMALL_M_SMEM_BUDGET // ((bm + bn) * C.GEMM_BLOCK_K * 2))
-    tag = (f"_s{stages}" if explicit else "") + ("" if split == "partial" else ("_fused_flat" if flat else "_fused"))
-    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=SMALL_M_WARPS, num_stages=max(2, stages), GROUP_M=1,
-                tma=SMALL_M_TMA and USE_TMA and bm >= TMA_MIN_BLOCK_M, split=split, flat=flat,
+        stages = _small_stages(bm, bn, programs or num_sms, num_sms)
+    tma = tma and USE_TMA and bm >= TMA_MIN_BLOCK_M and bn >= SMALL_M_TMA_MIN_BLOCK_N
+    tag = f"_w{warps}" + ("_tma" if tma else "") + ("" if split == "partial" else ("_fused_flat" if flat else "_fused"))
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, GROUP_M=1, tma=tma, split=split, flat=flat,
                 name=f"small_m{bm}_n{bn}{tag}")
 
 
 def all_configs() -> list[dict]:
-    """Every GPU configuration :func:`config_for` can return (for contract checks of free knobs)."""
-    out = [_small_config(bm, bn) for _, bm in SMALL_M_TABLE for bn in SMALL_M_BLOCK_N]
-    out += [_small_config(bm, bn, split="fused") for max_m, bm in SMALL_M_TABLE if max_m > SPLIT_PARTIAL_MAX_M
-            for bn in SMALL_M_BLOCK_N]
-    out += [_large_config(bm, bn, w, st) for bm, bn, w, st, _, _ in LARGE_M_TILES]
-    out += [_small_config(bm, SPLIT_SMALL_MID[0], stages=SPLIT_SMALL_MID[1]) for max_m, bm in SMALL_M_TABLE
-            if max_m > SPLIT_SMALL_MID_M]
-    out += [_small_config(bm, SPLIT_FUSED_MID[0], split="fused", flat=True, stages=SPLIT_FUSED_MID[1])
-            for max_m, bm in SMALL_M_TABLE if max_m > SPLIT_SMALL_MID_M]
-    out += [_small_config(bm, SPLIT_FUSED_SMALL[0], split="fused", flat=True, stages=SPLIT_FUSED_SMALL[1])
-            for max_m, bm in SMALL_M_TABLE if max_m <= SPLIT_SMALL_MID_M]
-    out += [_large_config(bm, bn, w, st, persistent=False) for bm, bn, w, st, _, _ in LARGE_M_TILES]
-    out += [_large_config(bm, bn, w, st, split_weight=True) for bm, bn, w, st, _, _ in LARGE_M_SPLIT_TILES]
+    """Every GPU configuration :func:`config_for` can return, one per compiled variant (name), at a
+    representative stage count (for the contract checks of free knobs)."""
+    out, seen = [], set()
+
+    def add(cfg):
+        if cfg["name"] not in seen:
+            seen.add(cfg["name"])
+            out.append(cfg)
+
+    for max_m, bm, bn_plain, _, bn_split, _, warps_by_bn in SMALL_M_TIERS:
+        for bn in bn_plain:
+            add(_small_config(bm, bn, split="fused", warps=dict(warps_by_bn)[bn], tma=SMALL_M_TMA))
+        for bn in bn_split:
+            add(_small_config(bm, bn, split="partial"))
+        fused = {SPLIT_FUSED_BLOCK_N} | ({SPLIT_FUSED_NARROW_BLOCK_N} if max_m >= SPLIT_FUSED_NARROW_MIN_M else set())
+        for bn in sorted(fused | (set(bn_plain) if max_m > SPLIT_PARTIAL_MAX_M else set())):
+            add(_small_config(bm, bn, split="fused", flat=True))
+    for bm, bn, w, st, _, _ in LARGE_M_TILES:
+        add(_large_config(bm, bn, w, st))
+        add(_large_config(bm, bn, w, st, persistent=False))
+    for bm, bn, w, st, _, _ in LARGE_M_SPLIT_TILES:
+        add(_large_config(bm, bn, w, st, split_weight=True))
     return out
 
 
@@ -562,7 +614,7 @@ def linear(x, weight, bias=None, config=None, out=None):
     has_bias = bias is not None
     b = bias if has_bias else y
     split = dict(CHUNK_K=chunk, N_CHUNKS=n_chunks, SPLIT_FLAT=bool(cfg.get("flat", SPLIT_FLAT))) if n_chunks > 1 else {}
-    if n_chunks > 1 and cfg.get("split", "partial" if bm <= SMALL_M_TABLE[-1][1] else "fused") == "partial":
+    if n_chunks > 1 and cfg.get("split", "partial" if bm <= SMALL_M_TIERS[-1][1] else "fused") == "partial":
         # small M: chunk partials in separate programs (tiles x chunks), then the ordered reduction
         part = torch.empty((n_chunks, M, N), device=x.device, dtype=torch.float32)
         last = bool(cfg.get("reduce_in_last", SPLIT_REDUCE_IN_LAST))

@@ -1,0 +1,144 @@
+"""GPU probe of the free launch knobs of RoPE (token tiles) and the token log-prob (LOGPROB_KNOBS below;
+session 15 also probed partial-program variants since removed: several rows per program with the next
+row prefetched, a row-major program order, a register cap; none was faster): graph-replay time and share of HBM bandwidth per knob value, each output compared bit for bit
+with the default knobs' output (a free knob must not change a bit; a mismatch is reported).
+
+    python scripts/rowops_knob_probe.py --out DIR [--ops rope,logprob]
+
+Writes DIR/rowops_knob_probe.json and prints one line per (op, shape, knob). A probe, not evidence: the
+contract suite (python -m areal_tik_plugin.gpu) checks whatever knob values land.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+
+import torch
+
+HBM_TBPS = 4.3
+ROPE_MODELS = {"qwen2.5-1.5b": (12, 2), "qwen3-4b": (32, 8), "qwen3-30b-a3b": (32, 4)}
+ROPE_T = (4096, 16384)
+ROPE_KNOBS = {"TOKEN_TILE_ELEMS": (2048, 4096, 8192, 16384), "TOKEN_WARPS": (1, 2, 4)}
+LOGPROB_T = (1024, 4096, 16384)
+LOGPROB_KNOBS = {"MERGE_ROWS": (64, 128, 256)}
+VOCAB = 151936
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (tuple, list)):
+        return all(_same(x, y) for x, y in zip(a, b) if x is not None)
+    return torch.equal(_bits(a), _bits(b))
+
+
+def _set(mod, values: dict):
+    old = {k: getattr(mod, k) for k in values}
+    for k, v in values.items():
+        setattr(mod, k, v)
+    return old
+
+
+def probe_rope(impl, rows):
+    from areal_tik_plugin import bench
+
+    rope = impl.module("rope")
+    for (model, (hq, hkv)), T in itertools.product(ROPE_MODELS.items(), ROPE_T):
+        d = 128
+        g = torch.Generator(device="cuda").manual_seed(T)
+        q = torch.randn(T, hq, d, device="cuda", generator=g).to(torch.bfloat16)
+        k = torch.randn(T, hkv, d, device="cuda", generator=g).to(torch.bfloat16)
+        pos = torch.randint(0, 32768, (T,), device="cuda", generator=g)
+        inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d))
+        nbytes = 2 * T * (hq + hkv) * d * 2 + T * 8
+        ref = rope.forward(q, k, pos, inv)
+        combos = [dict()] + [dict(zip(ROPE_KNOBS, v)) for v in itertools.product(*ROPE_KNOBS.values())]
+        for knobs in combos:
+            old = _set(rope, knobs)
+            try:
+                out = rope.forward(q, k, pos, inv)
+                torch.cuda.synchronize()
+                same = _same(out, ref)
+                us = bench.time_graph_us(lambda: rope.forward(q, k, pos, inv))
+                row = {"op": "rope", "model": model, "T": T, "knobs": knobs or "default", "us": us,
+                       "hbm_frac": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "bits_equal_default": same}
+            except Exception as e:
+                row = {"op": "rope", "model": model, "T": T, "knobs": knobs or "default", "error": f"{type(e).__name__}: {e}"[:200]}
+            finally:
+                _set(rope, old)
+            rows.append(row)
+            _print(row)
+        del q, k
+
+
+def probe_logprob(impl, rows):
+    from areal_tik_plugin import bench
+
+    lp = impl.module("logprob")
+    for T in LOGPROB_T:
+        g = torch.Generator(device="cuda").manual_seed(T)
+        x = (torch.randn(T, VOCAB, device="cuda", generator=g) * 4).to(torch.bfloat16)
+        tok = torch.randint(0, VOCAB, (T,), device="cuda", generator=g)
+        nbytes = T * VOCAB * 2 + T * 16
+        ref = lp.forward(x, tok, 0.7)
+        for knobs in [dict()] + [dict(zip(LOGPROB_KNOBS, v)) for v in itertools.product(*LOGPROB_KNOBS.values())]:
+            old = _set(lp, knobs)
+            try:
+                out = lp.forward(x, tok, 0.7)
+                torch.cuda.synchronize()
+                same = _same(out, ref)
+                us = bench.time_graph_us(lambda: lp.forward(x, tok, 0.7), n_inner=3)
+                row = {"op": "logprob", "T": T, "knobs": knobs or "default", "us": us,
+                       "hbm_frac": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "bits_equal_default": same}
+            except Exception as e:
+                row = {"op": "logprob", "T": T, "knobs": knobs or "default", "error": f"{type(e).__name__}: {e}"[:200]}
+            finally:
+                _set(lp, old)
+            rows.append(row)
+            _print(row)
+        del x
+
+
+def _print(row):
+    shape = f"{row.get('model', '')} T={row['T']}"
+    if "error" in row:
+        print(f"{row['op']:<8}{shape:<24}{str(row['knobs']):<52} ERROR {row['error']}", flush=True)
+    else:
+        print(f"{row['op']:<8}{shape:<24}{str(row['knobs']):<52}{row['us']:9.1f} us  hbm {row['hbm_frac']:.3f}"
+              f"  bits {'=' if row['bits_equal_default'] else 'DIFFER'}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python scripts/rowops_knob_probe.py")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ops", default="rope,logprob")
+    args = ap.parse_args(argv)
+    from areal_tik_plugin.loader import get_implementation
+
+    impl = get_implementation()
+    rows: list = []
+    t0 = time.time()
+    ops = args.ops.split(",")
+    if "rope" in ops:
+        probe_rope(impl, rows)
+    if "logprob" in ops:
+        probe_logprob(impl, rows)
+    res = {"implementation": impl.name, "source_hash": impl.source_hash, "argv": sys.argv, "rows": rows,
+           "seconds": time.time() - t0}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "rowops_knob_probe.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    bad = [r for r in rows if r.get("bits_equal_default") is False]
+    print(f"{len(rows)} rows, {len(bad)} with bits differing from the default, {res['seconds']:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
