@@ -47,6 +47,18 @@ def time_graph_us(fn: Callable[[], object], *, n_inner: int = 10, rounds: int = 
     return float(statistics.median(times))
 
 
+def time_graph_each_us(fns, *, rounds: int = 15) -> float:
+    """Graph replay that calls each of ``fns`` once (e.g. one op call per input copy, so that data larger
+    than the L2 streams from HBM); returns the time per call."""
+    fns = list(fns)
+
+    def run():
+        for f in fns:
+            f()
+
+    return time_graph_us(run, n_inner=1, rounds=rounds) / len(fns)
+
+
 def time_both(fn: Callable[[], object], *, graph: bool = True, **kw) -> dict:
     """``{"cold_us": ..., "graph_us": ...}``; ``graph_us`` is None when ``graph=False`` or capture fails."""
     out = {"cold_us": time_cold_us(fn)}

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from areal_tik_plugin import bench
-from areal_tik_plugin.gpu._rowops import graph_vs_eager
+from areal_tik_plugin.gpu._rowops import STREAM_BYTES, graph_vs_eager
 from areal_tik_plugin.gpu.suite import timed as _time
 from areal_tik_plugin.ops import linear
 
@@ -307,9 +307,6 @@ def _rates(M, N, K, has_bias, t):
 # per step; a 4B model's 8 GB never sit in the 50 MB L2): one replay calls the op once on each of
 # enough weight copies to move STREAM_BYTES (METHOD.md: repeated runs over one buffer measure the cache).
 # ``graph_l2_us`` keeps the same-weight replay (weights up to ~50 MB partly L2-resident) for reference.
-STREAM_BYTES = 256 << 20
-
-
 def _weight_copies(N: int, K: int, bias: bool, seed: int):
     g = torch.Generator(device=DEV).manual_seed(seed)
     n = max(1, min(16, STREAM_BYTES // (N * K * 2)))
@@ -326,11 +323,7 @@ def _time_streamed(rec, name, fn, ws):
         return None
     t["graph_l2_us"] = t.pop("graph_us")
     try:
-        def run():
-            for w in ws:
-                fn(w)
-
-        t["graph_us"] = bench.time_graph_us(run, n_inner=1, rounds=15) / len(ws)
+        t["graph_us"] = bench.time_graph_each_us([lambda w=w: fn(w) for w in ws])
         t["weight_copies"] = len(ws)
     except Exception as e:
         rec.errors.append(f"{name} streamed: {type(e).__name__}: {e}"[:300])

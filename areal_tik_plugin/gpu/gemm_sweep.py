@@ -112,11 +112,7 @@ def split_configs(M: int) -> list[dict]:
 def _graph_us(fns) -> float:
     from areal_tik_plugin import bench
 
-    def run():
-        for f in fns:
-            f()
-
-    return bench.time_graph_us(run, n_inner=1, rounds=20) / len(fns)
+    return bench.time_graph_each_us(fns, rounds=20)
 
 
 def main(argv=None) -> int:
