@@ -22,7 +22,8 @@ def main(argv=None) -> int:
     ap.add_argument("--m", default="1,64")
     ap.add_argument("--shapes", default="")
     args = ap.parse_args(argv)
-    from areal_tik_plugin.gpu.gemm_sweep import L2_BYTES, SHAPES, _graph_us
+    from areal_tik_plugin.gpu._rowops import stream_copies
+    from areal_tik_plugin.gpu.gemm_sweep import SHAPES, _graph_us
     from areal_tik_plugin.gpu.suite import bits
     from areal_tik_plugin.loader import get_implementation
 
@@ -32,7 +33,7 @@ def main(argv=None) -> int:
     rows = []
     for (model, layer), (N, K) in shapes.items():
         ws = [(torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
-              for _ in range(max(1, min(16, L2_BYTES // (N * K * 2))))]
+              for _ in range(stream_copies(N * K * 2))]
         for M in (int(m) for m in args.m.split(",") if m):
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             t = {"off": [], "on": []}

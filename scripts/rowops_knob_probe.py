@@ -20,7 +20,9 @@ import time
 
 import torch
 
-HBM_TBPS = 4.3
+from areal_tik_plugin.gpu._rowops import HBM_TBPS
+from areal_tik_plugin.gpu.suite import bits
+
 ROPE_MODELS = {"qwen2.5-1.5b": (12, 2), "qwen3-4b": (32, 8), "qwen3-30b-a3b": (32, 4)}
 ROPE_T = (4096, 16384)
 ROPE_KNOBS = {"TOKEN_TILE_ELEMS": (2048, 4096, 8192, 16384), "TOKEN_WARPS": (1, 2, 4)}
@@ -29,14 +31,10 @@ LOGPROB_KNOBS = {"MERGE_ROWS": (64, 128, 256)}
 VOCAB = 151936
 
 
-def _bits(t):
-    return t.contiguous().view(torch.int32 if t.element_size() == 4 else torch.int16)
-
-
 def _same(a, b) -> bool:
     if isinstance(a, (tuple, list)):
         return all(_same(x, y) for x, y in zip(a, b) if x is not None)
-    return torch.equal(_bits(a), _bits(b))
+    return torch.equal(bits(a), bits(b))
 
 
 def _set(mod, values: dict):

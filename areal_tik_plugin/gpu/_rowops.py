@@ -54,12 +54,18 @@ def shuffled_rows(n_full, n, seed=0):
 STREAM_BYTES = 256 << 20
 
 
+def stream_copies(nbytes: int) -> int:
+    """Input copies per streamed replay: STREAM_BYTES worth (at least 1, at most 16). The one rule for the
+    GEMM bench and sweeps (weight copies) and the row ops' HBM-share rows (input copies)."""
+    return max(1, min(16, STREAM_BYTES // max(1, nbytes)))
+
+
 def streamed(rec, name, t, nbytes, make_call):
     """Add ``graph_streamed_us`` (and ``stream_copies``) to timing ``t``: ``make_call(i)`` returns the op
     call on input copy i (i = 0: the timed inputs). A failure is recorded in ``rec.errors``."""
     if not t:
         return t
-    n = max(1, min(16, -(-STREAM_BYTES // max(1, nbytes))))
+    n = stream_copies(nbytes)
     t["stream_copies"] = n
     if n == 1:
         t["graph_streamed_us"] = t.get("graph_us")

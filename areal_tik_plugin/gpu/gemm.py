@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from areal_tik_plugin import bench
-from areal_tik_plugin.gpu._rowops import STREAM_BYTES, graph_vs_eager
+from areal_tik_plugin.gpu._rowops import graph_vs_eager, stream_copies
 from areal_tik_plugin.gpu.suite import timed as _time
 from areal_tik_plugin.ops import linear
 
@@ -309,7 +309,7 @@ def _rates(M, N, K, has_bias, t):
 # ``graph_l2_us`` keeps the same-weight replay (weights up to ~50 MB partly L2-resident) for reference.
 def _weight_copies(N: int, K: int, bias: bool, seed: int):
     g = torch.Generator(device=DEV).manual_seed(seed)
-    n = max(1, min(16, STREAM_BYTES // (N * K * 2)))
+    n = stream_copies(N * K * 2)
     ws = [(torch.randn(N, K, device=DEV, generator=g) / K ** 0.5).to(torch.bfloat16) for _ in range(n)]
     b = torch.randn(N, device=DEV, generator=g).to(torch.bfloat16) if bias else None
     return ws, b
