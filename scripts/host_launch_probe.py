@@ -1,7 +1,11 @@
 """GPU probe: host time per call and do_bench "cold" time of ops.linear vs torch's F.linear at M=1
 (Qwen3-4B qkv shape), fresh, again, after importing liger_kernel, after 20 CUDA-graph captures.
 
-    PYTHONPATH=<liger site> python3 scripts/host_launch_probe.py
+    PYTHONPATH=<liger site> python3 scripts/host_launch_probe.py [--breakdown]
+
+``--breakdown``: host time per call of each layer of the call (ops.linear, the integrations' fast path,
+the kernel module's linear with and without a given config, the bare Triton launch with the arguments
+precomputed, F.linear), then a cProfile of ops.linear (top 25 by own time).
 
 Session 15 ran it once (stdout only, no file): ours cold 64.8 / 63.9 / 39.6 / 42.8 us, host 79.5 / 78.8 /
 59.0 / 60.0 us per call; cuBLAS cold 16.8-17.4 us, host 18.4-20.0 us per call. do_bench's L2 flush
@@ -41,7 +45,75 @@ def report(tag):
           f"host {host(g):5.1f}", flush=True)
 
 
+def breakdown():
+    import cProfile
+    import pstats
+
+    import importlib
+
+    from areal_tik_plugin.loader import get_implementation
+
+    lin_mod = importlib.import_module("areal_tik_plugin.ops.linear")  # the module (ops.linear is the function)
+
+    gemm = get_implementation().module("gemm")
+    M, K = x.shape
+    N = w.shape[0]
+    cfg = gemm.config_for(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
+    y = torch.empty(M, N, device="cuda", dtype=x.dtype)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    opts = gemm._launch_opts(cfg)
+
+    def bare():
+        gemm._linear_ptr_kernel[grid](x, w, y, y, M, N, K, x.stride(0), w.stride(0), y.stride(0), HAS_BIAS=False,
+                                      EVEN_K=(K % 64 == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, GROUP=cfg["GROUP_M"],
+                                      **opts)
+
+    kw = dict(HAS_BIAS=False, EVEN_K=(K % 64 == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, GROUP=cfg["GROUP_M"], **opts)
+    pos = (x, w, y, y, M, N, K, x.stride(0), w.stride(0), y.stride(0))
+    jit = gemm._linear_ptr_kernel
+    kernel = jit[grid](*pos, **kw)  # the CompiledKernel of this launch
+    from triton.runtime.driver import driver
+
+    dev = driver.active.get_current_device()
+    binder = jit.device_caches[dev][4]
+    vals = tuple(binder(*pos, **kw)[0].values())
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def direct():  # the compiled kernel's launcher with the bound arguments precomputed
+        kernel.run(grid[0], 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *vals)
+
+    def direct_stream():  # ... looking the stream up per call
+        kernel.run(grid[0], 1, 1, torch.cuda.current_stream().cuda_stream, kernel.function, kernel.packed_metadata,
+                   None, None, None, *vals)
+
+    print(f"config {cfg['name']} stages {cfg['num_stages']}", flush=True)
+    for tag, fn in (("triton binder only", lambda: binder(*pos, **kw)), ("kernel.run direct", direct),
+                    ("kernel.run + stream", direct_stream),
+                    ("get_current_stream", lambda: driver.active.get_current_stream(dev))):
+        fn()
+        print(f"  host {tag:<22}{host(fn):6.1f} us/call", flush=True)
+    for tag, fn in (("ops.linear", lambda: linear(x, w)), ("ops _linear_fast", lambda: lin_mod._linear_fast(x, w)),
+                    ("gemm.linear", lambda: gemm.linear(x, w)), ("gemm.linear(config)", lambda: gemm.linear(x, w, config=cfg)),
+                    ("bare triton launch", bare), ("F.linear", lambda: torch.nn.functional.linear(x, w)),
+                    ("torch.empty", lambda: torch.empty(M, N, device="cuda", dtype=x.dtype))):
+        fn()
+        print(f"  host {tag:<22}{host(fn):6.1f} us/call", flush=True)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(2000):
+        linear(x, w)
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+
+
 if __name__ == "__main__":
+    import sys
+
+    if "--breakdown" in sys.argv:
+        breakdown()
+        sys.exit(0)
     report("fresh")
     report("fresh again")
     try:

@@ -1,9 +1,16 @@
-"""GPU probe of the free launch knobs of RoPE (token tiles) and the token log-prob (LOGPROB_KNOBS below;
-session 15 also probed partial-program variants since removed: several rows per program with the next
-row prefetched, a row-major program order, a register cap; none was faster): graph-replay time and share of HBM bandwidth per knob value, each output compared bit for bit
-with the default knobs' output (a free knob must not change a bit; a mismatch is reported).
+"""GPU probe of free launch knobs: RoPE (token tiles), the KV write (tile, warps) and the token log-prob
+(with and without the entropy sums). Graph-replay time (RoPE and the KV write: also over input copies,
+streamed from HBM, which gives their ``hbm_frac``) and share of HBM bandwidth per knob value, each output
+compared bit for bit with the default knobs' output (a free knob must not change a bit; a mismatch is
+reported).
 
-    python scripts/rowops_knob_probe.py --out DIR [--ops rope,logprob]
+Variants probed and removed (not faster; evidence/probes/): session 15, log-prob partial programs with
+several rows and the next row prefetched, a row-major program order, a register cap; session 16
+(rowops_knob_probe-tik_v1-e8d0ca06a7a5), a persistent software-pipelined log-prob partial kernel (0.45-0.54
+of HBM against 0.58-0.68), the same loop for RoPE's token tiles (slower on 5 of 6 rows), and a KV-write
+variant issuing both loads before the stores (within +-4%, no consistent sign).
+
+    python scripts/rowops_knob_probe.py --out DIR [--ops rope,kv_write,logprob]
 
 Writes DIR/rowops_knob_probe.json and prints one line per (op, shape, knob). A probe, not evidence: the
 contract suite (python -m areal_tik_plugin.gpu) checks whatever knob values land.
@@ -20,12 +27,14 @@ import time
 
 import torch
 
-from areal_tik_plugin.gpu._rowops import HBM_TBPS
+from areal_tik_plugin.gpu._rowops import HBM_TBPS, stream_copies
 from areal_tik_plugin.gpu.suite import bits
 
 ROPE_MODELS = {"qwen2.5-1.5b": (12, 2), "qwen3-4b": (32, 8), "qwen3-30b-a3b": (32, 4)}
 ROPE_T = (4096, 16384)
-ROPE_KNOBS = {"TOKEN_TILE_ELEMS": (2048, 4096, 8192, 16384), "TOKEN_WARPS": (1, 2, 4)}
+ROPE_KNOBS = {"TOKEN_TILE_ELEMS": (1024, 2048, 4096, 8192), "TOKEN_WARPS": (1, 2, 4)}
+KV_T = (4096, 16384)
+KV_KNOBS = {"TILE_ELEMS": (1024, 2048, 4096, 8192, 16384), "WARPS": (1, 2, 4, 8)}
 LOGPROB_T = (1024, 4096, 16384)
 LOGPROB_KNOBS = {"MERGE_ROWS": (64, 128, 256)}
 VOCAB = 151936
@@ -57,6 +66,7 @@ def probe_rope(impl, rows):
         inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d))
         nbytes = 2 * T * (hq + hkv) * d * 2 + T * 8
         ref = rope.forward(q, k, pos, inv)
+        copies = [(q, k)] + [(q.clone(), k.clone()) for _ in range(stream_copies(nbytes) - 1)]
         combos = [dict()] + [dict(zip(ROPE_KNOBS, v)) for v in itertools.product(*ROPE_KNOBS.values())]
         for knobs in combos:
             old = _set(rope, knobs)
@@ -65,15 +75,65 @@ def probe_rope(impl, rows):
                 torch.cuda.synchronize()
                 same = _same(out, ref)
                 us = bench.time_graph_us(lambda: rope.forward(q, k, pos, inv))
+                st = bench.time_graph_each_us([lambda q=q_, k=k_: rope.forward(q, k, pos, inv) for q_, k_ in copies])
                 row = {"op": "rope", "model": model, "T": T, "knobs": knobs or "default", "us": us,
-                       "hbm_frac": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "bits_equal_default": same}
+                       "hbm_frac_same_buffers": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "streamed_us": st,
+                       "stream_copies": len(copies), "hbm_frac": nbytes / (st * 1e-6) / 1e12 / HBM_TBPS,
+                       "bits_equal_default": same}
             except Exception as e:
                 row = {"op": "rope", "model": model, "T": T, "knobs": knobs or "default", "error": f"{type(e).__name__}: {e}"[:200]}
             finally:
                 _set(rope, old)
             rows.append(row)
             _print(row)
-        del q, k
+        del q, k, copies
+
+
+def probe_kv_write(impl, rows):
+    """KV write (SGLang set_kv_buffer) tile / warp knobs: T new tokens' K and V rows into a 65536-slot pool
+    at random slots; share of HBM over the bytes moved (read k, v; write the pool rows)."""
+    from areal_tik_plugin import bench
+
+    kv = impl.module("kv_write")
+    slots = 65536
+    for (model, (_hq, hkv)), T in itertools.product(ROPE_MODELS.items(), KV_T):
+        d = 128
+        g = torch.Generator(device="cuda").manual_seed(T)
+        kc = torch.zeros(slots, hkv, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        k = torch.randn(T, hkv, d, device="cuda", generator=g).to(torch.bfloat16)
+        v = torch.randn(T, hkv, d, device="cuda", generator=g).to(torch.bfloat16)
+        loc = torch.randperm(slots, device="cuda", generator=g)[:T]
+        nbytes = 4 * T * hkv * d * 2 + T * 8
+        kv.forward(kc, vc, loc, k, v)
+        ref = (kc.clone(), vc.clone())
+        # streamed: other rows at other slots per copy (every copy writes different pool memory)
+        copies = [(k, v, loc)] + [(k.clone(), v.clone(), torch.randperm(slots, device="cuda", generator=g)[:T])
+                                  for _ in range(stream_copies(nbytes) - 1)]
+        combos = [dict()] + [dict(zip(KV_KNOBS, vals)) for vals in itertools.product(*KV_KNOBS.values())]
+        for knobs in combos:
+            old = _set(kv, knobs)
+            try:
+                kc.zero_()
+                vc.zero_()
+                kv.forward(kc, vc, loc, k, v)
+                torch.cuda.synchronize()
+                same = _same((kc, vc), ref)
+                us = bench.time_graph_us(lambda: kv.forward(kc, vc, loc, k, v))
+                st = bench.time_graph_each_us([lambda k=k_, v=v_, loc=l_: kv.forward(kc, vc, loc, k, v)
+                                               for k_, v_, l_ in copies])
+                row = {"op": "kv_write", "model": model, "T": T, "knobs": knobs or "default", "us": us,
+                       "hbm_frac_same_buffers": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "streamed_us": st,
+                       "stream_copies": len(copies), "hbm_frac": nbytes / (st * 1e-6) / 1e12 / HBM_TBPS,
+                       "bits_equal_default": same}
+            except Exception as e:
+                row = {"op": "kv_write", "model": model, "T": T, "knobs": knobs or "default",
+                       "error": f"{type(e).__name__}: {e}"[:200]}
+            finally:
+                _set(kv, old)
+            rows.append(row)
+            _print(row)
+        del kc, vc, k, v, copies
 
 
 def probe_logprob(impl, rows):
@@ -86,17 +146,22 @@ def probe_logprob(impl, rows):
         tok = torch.randint(0, VOCAB, (T,), device="cuda", generator=g)
         nbytes = T * VOCAB * 2 + T * 16
         ref = lp.forward(x, tok, 0.7)
-        for knobs in [dict()] + [dict(zip(LOGPROB_KNOBS, v)) for v in itertools.product(*LOGPROB_KNOBS.values())]:
+        combos = [dict(entropy=e) for e in (True, False)]
+        combos += [dict(knobs, entropy=False) for knobs in
+                   [dict(zip(LOGPROB_KNOBS, v)) for v in itertools.product(*LOGPROB_KNOBS.values())]]
+        for combo in combos:
+            knobs = {k: v for k, v in combo.items() if k != "entropy"}
+            ent = combo["entropy"]
             old = _set(lp, knobs)
             try:
-                out = lp.forward(x, tok, 0.7)
+                out = lp.forward(x, tok, 0.7, entropy=ent)
                 torch.cuda.synchronize()
-                same = _same(out, ref)
-                us = bench.time_graph_us(lambda: lp.forward(x, tok, 0.7), n_inner=3)
-                row = {"op": "logprob", "T": T, "knobs": knobs or "default", "us": us,
+                same = _same(out, ref)  # entropy=False: logp and lse (the entropy slot is None)
+                us = bench.time_graph_us(lambda: lp.forward(x, tok, 0.7, entropy=ent), n_inner=3)
+                row = {"op": "logprob", "T": T, "knobs": combo, "us": us,
                        "hbm_frac": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "bits_equal_default": same}
             except Exception as e:
-                row = {"op": "logprob", "T": T, "knobs": knobs or "default", "error": f"{type(e).__name__}: {e}"[:200]}
+                row = {"op": "logprob", "T": T, "knobs": combo, "error": f"{type(e).__name__}: {e}"[:200]}
             finally:
                 _set(lp, old)
             rows.append(row)
@@ -109,14 +174,14 @@ def _print(row):
     if "error" in row:
         print(f"{row['op']:<8}{shape:<24}{str(row['knobs']):<52} ERROR {row['error']}", flush=True)
     else:
-        print(f"{row['op']:<8}{shape:<24}{str(row['knobs']):<52}{row['us']:9.1f} us  hbm {row['hbm_frac']:.3f}"
+        print(f"{row['op']:<8}{shape:<24}{str(row['knobs']):<52}{row.get('streamed_us', row['us']):9.1f} us  hbm {row['hbm_frac']:.3f}"
               f"  bits {'=' if row['bits_equal_default'] else 'DIFFER'}", flush=True)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python scripts/rowops_knob_probe.py")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--ops", default="rope,logprob")
+    ap.add_argument("--ops", default="rope,kv_write,logprob")
     args = ap.parse_args(argv)
     from areal_tik_plugin.loader import get_implementation
 
@@ -126,6 +191,8 @@ def main(argv=None) -> int:
     ops = args.ops.split(",")
     if "rope" in ops:
         probe_rope(impl, rows)
+    if "kv_write" in ops:
+        probe_kv_write(impl, rows)
     if "logprob" in ops:
         probe_logprob(impl, rows)
     res = {"implementation": impl.name, "source_hash": impl.source_hash, "argv": sys.argv, "rows": rows,

@@ -114,6 +114,22 @@ def test_autograd_forward_equals_inference_forward():
     lg, eg = ops.token_logprobs(x.clone().requires_grad_(), tok, 0.9, return_entropy=True)
     assert_bitwise(lg.detach(), logp, "logp with autograd")
     assert_bitwise(eg.detach(), ent, "entropy with autograd")
+    # without return_entropy the kernels skip the entropy sums: logp keeps its bits, with or without autograd
+    assert_bitwise(ops.token_logprobs(x.clone().requires_grad_(), tok, 0.9).detach(), logp, "autograd, no entropy")
+    assert_bitwise(ops.token_logprobs(x, tok, 0.9), logp, "inference, no entropy")
+
+
+def test_kernel_forward_without_entropy():
+    """The implementation's forward(entropy=False): no entropy tensor, logp and lse the same bits."""
+    from areal_tik_plugin.loader import get_implementation
+
+    m = get_implementation().module("logprob")
+    x, tok = make(9, 9000, seed=12)
+    lp, ent, lse = m.forward(x, tok, 0.6)
+    lp2, ent2, lse2 = m.forward(x, tok, 0.6, entropy=False)
+    assert ent2 is None and ent is not None
+    assert_bitwise(lp2, lp, "logp")
+    assert_bitwise(lse2, lse, "lse")
 
 
 # ---- gradients ----------------------------------------------------------------------------------

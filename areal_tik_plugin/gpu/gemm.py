@@ -216,6 +216,52 @@ def _check_pdl(rec):
         ro.PDL = default
 
 
+def _check_fast_launch(rec):
+    """The short host launch path (free knob ``_rowops.FAST_LAUNCH``: Triton's binder and cache key, then
+    the compiled kernel's launcher) gives the bits of Triton's own launch path: GEMM on the pointer,
+    split-partial and TMA kernels, RMSNorm, SwiGLU, RoPE, the token log-prob, eagerly and from a graph."""
+    from areal_tik_plugin.loader import get_implementation
+    from areal_tik_plugin.ops import apply_rope, rms_norm, swiglu_fused, token_logprobs
+
+    ro = get_implementation().module("_rowops")
+    _, w1, _ = _data(1, 2 * 4864, 2560, seed=21)
+    _, w2, _ = _data(1, 2560, 4864, seed=22)
+    _, wq, _ = _data(1, 4096, 2560, seed=23)
+    _, wv, _ = _data(1, 1000, 2560, seed=24)
+    wn = torch.rand(2560, device=DEV, dtype=torch.bfloat16) + 0.5
+    inv = 1.0 / (1e6 ** (torch.arange(0, 128, 2, device=DEV, dtype=torch.float32) / 128))
+
+    def chain(x, pos, tok):
+        h = rms_norm(x, wn, 1e-6)
+        q = linear(h, wq).view(-1, 32, 128)
+        q, k = apply_rope(q, q[:, :8], pos, inv)
+        y = linear(swiglu_fused(linear(h, w1)), w2)
+        return q, k, y, token_logprobs(linear(y, wv), tok, 0.7, return_entropy=True)
+
+    def slow(*a):
+        ro.FAST_LAUNCH = False
+        try:
+            return chain(*a)
+        finally:
+            ro.FAST_LAUNCH = True
+
+    default = ro.FAST_LAUNCH
+    ro.FAST_LAUNCH = True
+    try:
+        for M in (1, 64, 1024, 1500):
+            x = torch.randn(M, 2560, device=DEV, dtype=torch.bfloat16)
+            pos = torch.randint(0, 4096, (M,), device=DEV)
+            tok = torch.randint(0, 1000, (M,), device=DEV)
+            chain(x, pos, tok)  # compile (the first call takes Triton's path)
+            fast, ref = chain(x, pos, tok), slow(x, pos, tok)
+            for name, a, b in zip(("q", "k", "mlp", "logp", "entropy"), fast[:3] + fast[3], ref[:3] + ref[3]):
+                rec.bitwise(f"fast_launch_{name}[M={M}]", a, b)
+            graph_vs_eager(rec, f"fast_launch_graph[M={M}]", lambda: chain(x, pos, tok)[2],
+                           lambda i: x.copy_(torch.randn_like(x)), lambda: slow(x, pos, tok)[2])
+    finally:
+        ro.FAST_LAUNCH = default
+
+
 def _check_accuracy(rec, quick, shapes=None, Ms=None):
     shapes = shapes or [SHAPES[("qwen3-4b", "qkv")], SHAPES[("qwen2.5-1.5b", "qkv")], (333, 1000, True)]
     for dtype in (torch.bfloat16, torch.float16):
@@ -281,6 +327,7 @@ def run_checks(rec, quick: bool = False) -> None:
     rec.run("zero_rows", _check_zero_rows, rec)
     rec.run("cuda_graph", _check_graph, rec)
     rec.run("pdl_chain", _check_pdl, rec)
+    rec.run("fast_launch", _check_fast_launch, rec)
     rec.run("accuracy", _check_accuracy, rec, quick)
     rec.run("backward", _check_backward, rec)
 
@@ -329,6 +376,42 @@ def _time_streamed(rec, name, fn, ws):
         rec.errors.append(f"{name} streamed: {type(e).__name__}: {e}"[:300])
         t["graph_us"] = None
     return t
+
+
+def _host_us(fn, n: int = 2000) -> float:
+    """Host time per call (issue only, no sync inside the loop), best of 3 rounds of n calls."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
+def _bench_host_launch(rec) -> None:
+    """Host time of one ``ops.linear`` call (Qwen3-4B qkv, M=1: the kernel is shorter than the launch) with
+    the short launch path and with Triton's own, against F.linear: what eager prefill / training pay per op."""
+    from areal_tik_plugin.loader import get_implementation
+
+    ro = get_implementation().module("_rowops")
+    x, w, _ = _data(1, 6144, 2560, seed=31)
+    default = ro.FAST_LAUNCH
+    try:
+        ro.FAST_LAUNCH = True
+        fast = _host_us(lambda: linear(x, w))
+        ro.FAST_LAUNCH = False
+        slow = _host_us(lambda: linear(x, w))
+    finally:
+        ro.FAST_LAUNCH = default
+    cub = _host_us(lambda: F.linear(x, w))
+    rec.bench("host_launch_linear_qwen3-4b_qkv_M1", ours_fast_launch_host_us=fast, ours_triton_launch_host_us=slow,
+              cublas_host_us=cub, fast_vs_triton_launch=slow / fast, cublas_vs_ours=cub / fast)
 
 
 def run_bench(rec, quick: bool = False) -> None:
@@ -390,6 +473,7 @@ def run_bench(rec, quick: bool = False) -> None:
                   ratio_cold=bench.ratio(cub, ours, "cold_us") if ours and cub else None,
                   ratio_graph=bench.ratio(cub, ours, "graph_us") if ours and cub else None)
     del ws
+    _bench_host_launch(rec)
     rec.summarize("gemm_vs_cublas_small_m", ratios["small_m"])
     for key in ("small_m", "mid_m", "large_m"):
         for suffix in ("", "_graph", "_graph_l2"):

@@ -88,8 +88,20 @@ SPLIT_LARGE = ((128, 128, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 
                (64, 128, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (64, 256, 4, 3))
 
 
-def split_configs(M: int) -> list[dict]:
+# --split-tma: at BLOCK_M 64 also the fused flat loop on the TMA kernel (narrow split weights at M=64,
+# where each program re-reads the activation tile: the TMA loads against the pointer loads)
+SPLIT_TMA_BN = (32, 64, 128)
+SPLIT_TMA_STAGES = (4, 6, 8, 12)
+
+
+def split_configs(M: int, tma: bool = False) -> list[dict]:
     out = []
+    if tma and _small_bm(M) == 64:
+        for bn, st, w in itertools.product(SPLIT_TMA_BN, SPLIT_TMA_STAGES, (4, 8)):
+            if w == 8 and bn < 64:
+                continue
+            out.append(dict(BLOCK_M=64, BLOCK_N=bn, num_warps=w, num_stages=st, GROUP_M=1, tma=True,
+                            split="fused", flat=True, name=f"s_m64_n{bn}_s{st}_w{w}_tma_fused_flat"))
     if M <= 64:
         bm = _small_bm(M)
         for bn, st, w in itertools.product(SPLIT_SMALL_BN if M > 16 else (16, 32, 64), SPLIT_SMALL_STAGES,
@@ -123,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="comma list of model:layer (default: all)")
     ap.add_argument("--split", action="store_true",
                     help="on split weights sweep the split paths / loop forms (split_configs) instead of configs")
+    ap.add_argument("--split-tma", action="store_true",
+                    help="with --split: add the fused flat loop on the TMA kernel at BLOCK_M 64 (SPLIT_TMA_*)")
     ap.add_argument("--persistent", action="store_true",
                     help="large M: add the persistent TMA kernel on the PERSISTENT tiles (split weights: flat form)")
     ap.add_argument("--lm-head", action="store_true", help="add the lm_head shapes")
@@ -155,7 +169,7 @@ def main(argv=None) -> int:
             if args.current_only:
                 cands = [dict(cur, num_stages=int(st), name=f"{cur['name']}_s{st}") for st in args.stages.split(",") if st]
             else:
-                cands = split_configs(M) if args.split and split_weight else configs(M, args.persistent)
+                cands = split_configs(M, args.split_tma) if args.split and split_weight else configs(M, args.persistent)
             for cfg in cands:
                 try:
                     y = gemm.linear(x, ws[0], config=cfg)

@@ -184,19 +184,23 @@ def _fwd_bwd_time(rec, name, fn):
 def run_bench(rec, quick: bool = False) -> None:
     torch.manual_seed(0)
     keys = ("vs_areal_chunked", "vs_areal_chunked_graph", "train_fwd_bwd_vs_areal_chunked",
-            "hbm_frac_T4096plus", "hbm_frac_T4096plus_graph")
+            "hbm_frac_T4096plus", "hbm_frac_T4096plus_graph", "hbm_frac_T4096plus_graph_with_entropy")
     ratios = {k: [] for k in keys}
     temp = 0.7
     for T in (QUICK_BENCH_T if quick else BENCH_T):
         x, tok = _data(T, seed=T)
         ours = timed(rec, "logprob/ours", lambda: token_logprobs(x, tok, temp))
         base = timed(rec, "logprob/areal", lambda: _areal_chunked(x, tok, temp))
+        # the trainer's call when it logs the entropy (the sampler's call, timed above, skips those sums)
+        ours_ent = timed(rec, "logprob/ours_entropy", lambda: token_logprobs(x, tok, temp, return_entropy=True))
         nbytes = T * VOCAB * 2 + T * 16
         if T >= 4096:  # >= 1.2 GB: one copy (the same-buffer replay already streams from HBM)
             streamed(rec, "logprob/ours", ours, nbytes,
                      lambda i: (lambda x=copy_of(x, i), tok=tok: token_logprobs(x, tok, temp)))
         bw = tbps(nbytes, ours)
-        row = {"T": T, "V": VOCAB, "bytes": nbytes, "ours": ours, "areal_chunked": base, "ours_bw": bw}
+        bw_ent = tbps(nbytes, ours_ent)
+        row = {"T": T, "V": VOCAB, "bytes": nbytes, "ours": ours, "areal_chunked": base, "ours_bw": bw,
+               "ours_with_entropy": ours_ent, "ours_with_entropy_bw": bw_ent}
         c, g = ratio(base, ours, "cold_us"), ratio(base, ours, "graph_us")
         row["vs_areal_cold"], row["vs_areal_graph"] = c, g
         ratios["vs_areal_chunked"].append(c)
@@ -205,6 +209,8 @@ def run_bench(rec, quick: bool = False) -> None:
             ratios["hbm_frac_T4096plus"].append(bw["cold_tbps"] / HBM_TBPS)
             if bw.get("graph_tbps"):
                 ratios["hbm_frac_T4096plus_graph"].append(bw["graph_tbps"] / HBM_TBPS)
+            if bw_ent and bw_ent.get("graph_tbps"):
+                ratios["hbm_frac_T4096plus_graph_with_entropy"].append(bw_ent["graph_tbps"] / HBM_TBPS)
         if T in (1024, 4096):
             xr = x.clone().requires_grad_()
             gl = torch.randn(T, device=DEV)

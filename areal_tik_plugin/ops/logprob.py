@@ -28,19 +28,20 @@ def _impl():
 
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, tokens, temperature, temp_tensor):
+    def forward(ctx, logits, tokens, temperature, temp_tensor, entropy):
         t = temp_tensor if temp_tensor is not None else temperature
-        logp, ent, lse = _impl().forward(logits, tokens, t)
+        logp, ent, lse = _impl().forward(logits, tokens, t, entropy=entropy)
         ctx.save_for_backward(logits, tokens, lse, ent, temp_tensor)
         ctx.temperature = temperature
-        return logp, ent
+        ctx.entropy = entropy
+        return (logp, ent) if entropy else logp
 
     @staticmethod
-    def backward(ctx, g_logp, g_ent):
+    def backward(ctx, g_logp, g_ent=None):
         logits, tokens, lse, ent, temp_tensor = ctx.saved_tensors
         t = temp_tensor if temp_tensor is not None else ctx.temperature
-        dx = _impl().backward(logits, tokens, t, lse, ent, g_logp, g_ent)
-        return dx, None, None, None
+        dx = _impl().backward(logits, tokens, t, lse, ent, g_logp, g_ent if ctx.entropy else None)
+        return dx, None, None, None, None
 
 
 def token_logprobs(logits, tokens, temperature=1.0, return_entropy=False):
@@ -85,9 +86,11 @@ def token_logprobs(logits, tokens, temperature=1.0, return_entropy=False):
         lo, hi = int(tok.min()), int(tok.max())
         if lo < 0 or hi >= Vn:
             raise ValueError(f"tokens: expected values in [0, {Vn}), got min {lo} max {hi}")
+    # without return_entropy the kernels skip the entropy sums (logp keeps every bit)
     if torch.is_grad_enabled() and x.requires_grad:
-        logp, ent = _TokenLogprobs.apply(x, tok, temperature, temp_tensor)
+        out = _TokenLogprobs.apply(x, tok, temperature, temp_tensor, return_entropy)
+        logp, ent = out if return_entropy else (out, None)
     else:  # inference (SGLang sampler): the same kernels without autograd bookkeeping
-        logp, ent, _ = _impl().forward(x, tok, temp_tensor if temp_tensor is not None else temperature)
-    logp, ent = logp.view(lead), ent.view(lead)
-    return (logp, ent) if return_entropy else logp
+        logp, ent, _ = _impl().forward(x, tok, temp_tensor if temp_tensor is not None else temperature,
+                                       entropy=return_entropy)
+    return (logp.view(lead), ent.view(lead)) if return_entropy else logp.view(lead)

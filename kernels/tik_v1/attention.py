@@ -31,6 +31,7 @@ import triton.language as tl
 
 from ._rowops import (cdiv as _cdiv, interpreting as _rowops_interpreting, launch_opts as _rowops_launch_opts,
                       next_pow2 as _next_pow2, pdl_start, tickets as _tickets)
+from ._rowops import launch
 
 from . import contract as C
 
@@ -536,7 +537,7 @@ def _fwd(q, k, v, o, lse, ws, cu_q, pos0, kv_base, table, tstride, rows, max_q, 
     B = cu_q.numel() - 1
     bm = cfg["block_m"]
     grid = (_cdiv(max(int(max_q), 1), bm), B, Hq)
-    _attn_fwd_kernel[grid](
+    launch(_attn_fwd_kernel, grid,
         q, k, v, o, lse, ws, cu_q, pos0, kv_base, table, tstride, rows,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1), lse.stride(0) if store_lse else 0, Hq * D, scale * LOG2E,
@@ -620,7 +621,7 @@ def decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale,
     ws_sb, ws_sh, ws_ss = Hq * max_splits, max_splits, 1
     last = (dict(CNT=_tickets(q.device, B * Hkv), MERGE_IN_LAST=True)
             if max_splits > 1 and cfg["merge_in_last"] else {})
-    _attn_decode_kernel[(B, Hkv, max_splits)](
+    launch(_attn_decode_kernel, (B, Hkv, max_splits),
         q, k_cache, v_cache, o, ws_acc, ws_ml, seq_lens, table, tstride, rows,
         q.stride(0), q.stride(1), skb, skt, skh, svb, svt, svh, o.stride(0), o.stride(1),
         ws_sb, ws_sh, ws_ss, softmax_scale * LOG2E,
@@ -630,7 +631,7 @@ def decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale,
     )
     if max_splits > 1 and not last:
         bd = min(D, cfg["merge_block_d"]) if cfg["merge_block_d"] else D
-        _attn_decode_merge_kernel[(B, Hkv, _cdiv(D, bd))](
+        launch(_attn_decode_merge_kernel, (B, Hkv, _cdiv(D, bd)),
             o, ws_acc, ws_ml, seq_lens, o.stride(0), o.stride(1), ws_sb, ws_sh, ws_ss,
             GROUP=group, BLOCK_H=block_h, D=D, SPLIT=split, BLOCK_D=bd,
             **_launch_opts(cfg["merge_warps"], 1),
@@ -654,12 +655,12 @@ def prefill_backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, softmax_scale)
     opts = _launch_opts(BWD_WARPS, 2)
     if "enable_fp_fusion" in opts:
         opts.pop("enable_fp_fusion")
-    _bwd_dkdv_kernel[(nb, B, Hkv)](
+    launch(_bwd_dkdv_kernel, (nb, B, Hkv),
         q, k, v, do, lse, delta, dk, dv, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), dk.stride(0), dk.stride(1),
         T, qk_scale, softmax_scale, GROUP=Hq // Hkv, D=D, BLOCK_M=blk, BLOCK_N=blk, **opts,
     )
-    _bwd_dq_kernel[(nb, B, Hq)](
+    launch(_bwd_dq_kernel, (nb, B, Hq),
         q, k, v, do, lse, delta, dq, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         T, qk_scale, softmax_scale, GROUP=Hq // Hkv, D=D, BLOCK_M=blk, BLOCK_N=blk, **opts,

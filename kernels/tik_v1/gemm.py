@@ -41,6 +41,7 @@ import triton.language as tl
 from . import contract as C
 from ._rowops import (cdiv as _cdiv, interpreting as _rowops_interpreting, launch_opts as _rowops_launch_opts,
                       next_pow2 as _next_pow2, pdl_start, tickets as _tickets)
+from ._rowops import launch
 
 # ------------------------------------------------------------------------------------------------
 # Free knobs (bits do not depend on any of these; the search may move them freely).
@@ -620,13 +621,13 @@ def linear(x, weight, bias=None, config=None, out=None):
         last = bool(cfg.get("reduce_in_last", SPLIT_REDUCE_IN_LAST))
         fused = dict(Bias=b, Y=y, stride_ym=y.stride(0), CNT=_tile_counters(x.device, grid[0]), HAS_BIAS=has_bias,
                      N_CHUNKS=n_chunks, LAST_REDUCES=True) if last else {}
-        _linear_partial_kernel[(grid[0], n_chunks)](
+        launch(_linear_partial_kernel, (grid[0], n_chunks),
             x, weight, part, M, N, K, x.stride(0), weight.stride(0),
             EVEN_K=(K % bk == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], CHUNK_K=chunk,
             **fused, **_launch_opts(cfg),
         )
         if not last:
-            _linear_reduce_kernel[(_cdiv(M * N, REDUCE_BLOCK),)](
+            launch(_linear_reduce_kernel, (_cdiv(M * N, REDUCE_BLOCK),),
                 part, b, y, M, N, y.stride(0), HAS_BIAS=has_bias, N_CHUNKS=n_chunks, BLOCK=REDUCE_BLOCK,
                 **_launch_opts({"num_warps": 4, "num_stages": 1}),
             )
@@ -641,20 +642,20 @@ def linear(x, weight, bias=None, config=None, out=None):
             # that launch one program per tile
             n_prog = _num_sms(x.device) * int(cfg.get("programs_per_sm", 1))
             split.pop("SPLIT_FLAT", None)
-            _linear_tma_persistent_kernel[(min(grid[0], n_prog),)](
+            launch(_linear_tma_persistent_kernel, (min(grid[0], n_prog),),
                 x_desc, w_desc, y_desc, b, M, N, K,
                 HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"],
                 NUM_PROGRAMS=n_prog, **split,
                 **_launch_opts(cfg),
             )
         else:
-            _linear_tma_kernel[grid](
+            launch(_linear_tma_kernel, grid,
                 x_desc, w_desc, y_desc, b, M, N, K,
                 HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], **split,
                 **_launch_opts(cfg),
             )
     else:
-        _linear_ptr_kernel[grid](
+        launch(_linear_ptr_kernel, grid,
             x, weight, b, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
             HAS_BIAS=has_bias, EVEN_K=(K % bk == 0),
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], **split,

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, launch_opts, pdl_start
+from ._rowops import launch
 
 KNOBS = {"free": {"TILE_ELEMS": (1024, 2048, 4096), "WARPS": (1, 2, 4)}}
 TILE_ELEMS = 2048
@@ -57,7 +58,7 @@ def forward(k_cache, v_cache, loc, k, v):
     block_d = _next_pow2(D)
     block_h = max(1, min(_next_pow2(hkv), TILE_ELEMS // block_d))
     block_t = max(1, TILE_ELEMS // (block_h * block_d))
-    _kv_write_kernel[(_cdiv(T, block_t),)](
+    launch(_kv_write_kernel, (_cdiv(T, block_t),),
         ki, vi, kc, vc, loc, T, k_cache.shape[0],
         ki.stride(0), ki.stride(1), vi.stride(0), vi.stride(1),
         kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),

@@ -12,8 +12,10 @@ The one op that the SGLang sampler patch and the trainer both call. For a row x 
 Token invariance: the chunk partials are computed by one program per (row, chunk) with a fixed tile
 (LOGPROB_VOCAB_CHUNK columns, LOGPROB_CHUNK_WARPS warps, loads of LOGPROB_LOAD_GROUP contiguous
 columns whatever the logits dtype) and merged per row by an elementwise loop,
-the same for every number of rows; the forward never changes with ``return_entropy`` or autograd
-(the entropy and lse are always computed). Row strides and counts are not specialized (``_rowops``).
+the same for every number of rows. ``entropy=False`` (the sampler's call, and the trainer's when it does
+not ask for the entropy) leaves out the a_c sums and the entropy, about a third of the per-element
+arithmetic; m_c, l_c, M, L, lse and logp are the same operations either way, so logp and lse keep every
+bit. Row strides and counts are not specialized (``_rowops``).
 
 Backward w.r.t. the logits (p = exp(s - lse))::
 
@@ -29,6 +31,7 @@ import triton.language as tl
 from . import contract as C
 from ._rowops import (cdiv as _cdiv, next_pow2 as _next_pow2, aligned, fresh_copy, interpreting, launch_opts,
                       pdl_start, to_act, vec_for)
+from ._rowops import launch
 
 KNOBS = {
     "coupled": {"LOGPROB_VOCAB_CHUNK": C.LOGPROB_VOCAB_CHUNK, "LOGPROB_CHUNK_WARPS": C.LOGPROB_CHUNK_WARPS},
@@ -51,7 +54,7 @@ def _inv_temperature(TEMP, row, row_ok, temp_scalar, PER_ROW_T: tl.constexpr):
 def _logprob_partial_kernel(
     X, TEMP, WS, n_rows, sx, temp_scalar,
     V: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, GROUP: tl.constexpr,
-    PER_ROW_T: tl.constexpr, PDL: tl.constexpr = False,
+    PER_ROW_T: tl.constexpr, ENTROPY: tl.constexpr = True, PDL: tl.constexpr = False,
 ):
     pdl_start(PDL)
     row = tl.program_id(0)
@@ -69,23 +72,26 @@ def _logprob_partial_kernel(
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     e = tl.exp(s - m_safe)
     l = tl.sum(e, 0)
-    a = tl.sum(e * tl.where(e > 0.0, s - m_safe, 0.0), 0)
     base = (row.to(tl.int64) * NC + c) * 4
     tl.store(WS + base, m)
     tl.store(WS + base + 1, l)
-    tl.store(WS + base + 2, a)
+    if ENTROPY:
+        a = tl.sum(e * tl.where(e > 0.0, s - m_safe, 0.0), 0)
+        tl.store(WS + base + 2, a)
 
 
 @triton.jit
-def _merge(M, L, A, m_c, l_c, a_c):
-    """(M, L, A) <- (M, L, A) merged with chunk (m_c, l_c, a_c); A is relative to M. Elementwise."""
+def _merge(M, L, A, m_c, l_c, a_c, ENTROPY: tl.constexpr = True):
+    """(M, L, A) <- (M, L, A) merged with chunk (m_c, l_c, a_c); A is relative to M. Elementwise.
+    Without ENTROPY, A is passed through (M and L are the same operations)."""
     M_new = tl.maximum(M, m_c)
     M_safe = tl.where(M_new == float("-inf"), 0.0, M_new)
     alpha = tl.exp(M - M_safe)
     beta = tl.exp(m_c - M_safe)
-    dM = tl.where(L > 0.0, M - M_safe, 0.0)      # 0 * -inf guards: an empty side adds nothing
-    dm = tl.where(l_c > 0.0, m_c - M_safe, 0.0)
-    A = alpha * (A + dM * L) + beta * (a_c + dm * l_c)
+    if ENTROPY:
+        dM = tl.where(L > 0.0, M - M_safe, 0.0)      # 0 * -inf guards: an empty side adds nothing
+        dm = tl.where(l_c > 0.0, m_c - M_safe, 0.0)
+        A = alpha * (A + dM * L) + beta * (a_c + dm * l_c)
     L = alpha * L + beta * l_c
     return M_new, L, A
 
@@ -94,7 +100,7 @@ def _merge(M, L, A, m_c, l_c, a_c):
 def _logprob_merge_kernel(
     X, TOK, TEMP, WS, LOGP, ENT, LSE, n_rows, sx, temp_scalar,
     V: tl.constexpr, NC: tl.constexpr, VEC: tl.constexpr, BLOCK_R: tl.constexpr,
-    PER_ROW_T: tl.constexpr, PDL: tl.constexpr = False,
+    PER_ROW_T: tl.constexpr, ENTROPY: tl.constexpr = True, PDL: tl.constexpr = False,
 ):
     pdl_start(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -103,23 +109,27 @@ def _logprob_merge_kernel(
     base = r64 * NC * 4
     M = tl.load(WS + base, mask=ok, other=0.0)
     L = tl.load(WS + base + 1, mask=ok, other=1.0)
-    A = tl.load(WS + base + 2, mask=ok, other=0.0)
+    A = tl.zeros_like(M)
+    if ENTROPY:
+        A = tl.load(WS + base + 2, mask=ok, other=0.0)
     for c in range(1, NC):
         b = base + c * 4
         m_c = tl.load(WS + b, mask=ok, other=0.0)
         l_c = tl.load(WS + b + 1, mask=ok, other=1.0)
-        a_c = tl.load(WS + b + 2, mask=ok, other=0.0)
-        M, L, A = _merge(M, L, A, m_c, l_c, a_c)
+        a_c = A
+        if ENTROPY:
+            a_c = tl.load(WS + b + 2, mask=ok, other=0.0)
+        M, L, A = _merge(M, L, A, m_c, l_c, a_c, ENTROPY)
     log_l = tl.log(L)
     lse = M + log_l
-    ent = log_l - A / L
     inv = _inv_temperature(TEMP, rows, ok, temp_scalar, PER_ROW_T)
     tok = tl.load(TOK + rows, mask=ok, other=0).to(tl.int64)
     tok_ok = (tok >= 0) & (tok < V)
     x_t = tl.load(X + r64 * (sx * VEC) + tok, mask=ok & tok_ok, other=0.0)
     logp = tl.where(tok_ok, x_t.to(tl.float32) * inv - lse, float("nan"))
     tl.store(LOGP + rows, logp, mask=ok)
-    tl.store(ENT + rows, ent, mask=ok)
+    if ENTROPY:
+        tl.store(ENT + rows, log_l - A / L, mask=ok)
     tl.store(LSE + rows, lse, mask=ok)
 
 
@@ -160,15 +170,16 @@ def _temp_args(temperature, T, device):
     return torch.empty(1, dtype=torch.float32, device=device), float(temperature), False
 
 
-def forward(logits, tokens, temperature=1.0):
+def forward(logits, tokens, temperature=1.0, entropy=True):
     """logits [T, V] (last dim contiguous), tokens int [T], temperature float or fp32 tensor [T].
 
-    Returns (logp fp32 [T], entropy fp32 [T], lse fp32 [T]). A token outside [0, V) gives NaN.
+    Returns (logp fp32 [T], entropy fp32 [T] or None when ``entropy`` is False, lse fp32 [T]); logp and
+    lse are the same bits either way. A token outside [0, V) gives NaN.
     """
     T, V = logits.shape
     dev = logits.device
     logp = torch.empty(T, dtype=torch.float32, device=dev)
-    ent = torch.empty(T, dtype=torch.float32, device=dev)
+    ent = torch.empty(T, dtype=torch.float32, device=dev) if entropy else None
     lse = torch.empty(T, dtype=torch.float32, device=dev)
     if T == 0:
         return logp, ent, lse
@@ -181,20 +192,21 @@ def forward(logits, tokens, temperature=1.0):
     ws = torch.empty((T, nc, 4), dtype=torch.float32, device=dev)
     temp, t_scalar, per_row = _temp_args(temperature, T, dev)
     sx = x.stride(0) // vec
-    _logprob_partial_kernel[(T, nc)](
+    launch(_logprob_partial_kernel, (T, nc),
         x, temp, ws, T, sx, t_scalar, V=V, NC=nc, CHUNK=chunk, VEC=vec, GROUP=C.LOGPROB_LOAD_GROUP,
-        PER_ROW_T=per_row,
+        PER_ROW_T=per_row, ENTROPY=bool(entropy),
         **launch_opts(C.LOGPROB_CHUNK_WARPS),
     )
-    _logprob_merge_kernel[(_cdiv(T, MERGE_ROWS),)](
-        x, tokens, temp, ws, logp, ent, lse, T, sx, t_scalar,
-        V=V, NC=nc, VEC=vec, BLOCK_R=MERGE_ROWS, PER_ROW_T=per_row, **launch_opts(4),
+    launch(_logprob_merge_kernel, (_cdiv(T, MERGE_ROWS),),
+        x, tokens, temp, ws, logp, ent if entropy else lse, lse, T, sx, t_scalar,
+        V=V, NC=nc, VEC=vec, BLOCK_R=MERGE_ROWS, PER_ROW_T=per_row, ENTROPY=bool(entropy), **launch_opts(4),
     )
     return logp, ent, lse
 
 
 def backward(logits, tokens, temperature, lse, entropy, grad_logp, grad_entropy=None):
-    """d logits [T, V] (logits dtype, contiguous) from the gradients of logp (and entropy)."""
+    """d logits [T, V] (logits dtype, contiguous) from the gradients of logp (and entropy; ``entropy`` is
+    None when the forward ran without it, and then ``grad_entropy`` must be None)."""
     T, V = logits.shape
     dx = torch.empty((T, V), dtype=logits.dtype, device=logits.device)
     if T == 0:
@@ -203,8 +215,9 @@ def backward(logits, tokens, temperature, lse, entropy, grad_logp, grad_entropy=
     temp, t_scalar, per_row = _temp_args(temperature, T, logits.device)
     glp = grad_logp.to(torch.float32).contiguous() if grad_logp is not None else torch.zeros_like(lse)
     gent = grad_entropy.to(torch.float32).contiguous() if grad_entropy is not None else glp
-    _logprob_bwd_kernel[(T, _cdiv(V, chunk))](
-        logits, tokens, temp, lse, entropy, glp, gent, dx, logits.stride(0), dx.stride(0), t_scalar,
+    launch(_logprob_bwd_kernel, (T, _cdiv(V, chunk)),
+        logits, tokens, temp, lse, entropy if entropy is not None else lse, glp, gent, dx,
+        logits.stride(0), dx.stride(0), t_scalar,
         V=V, CHUNK=chunk, PER_ROW_T=per_row, HAS_GENT=grad_entropy is not None, INTERP=interpreting(),
         **launch_opts(BWD_WARPS),
     )

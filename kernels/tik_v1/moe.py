@@ -31,6 +31,7 @@ import triton.language as tl
 
 from ._rowops import (cdiv as _cdiv, interpreting as _rowops_interpreting, launch_opts, next_pow2 as _next_pow2,
                       pdl_start)
+from ._rowops import launch
 
 from . import contract as C
 
@@ -125,7 +126,7 @@ def route(router_logits, top_k, norm_topk_prob):
     if router_logits.data_ptr() % 16:  # pointer alignment is specialized: keep one kernel variant
         router_logits = router_logits.clone()
     bt = C.MOE_ROUTE_BLOCK_T
-    _moe_route_kernel[(_cdiv(T, bt),)](
+    launch(_moe_route_kernel, (_cdiv(T, bt),),
         router_logits, w, ids, T, router_logits.stride(0),
         E=E, E_PAD=max(16, _next_pow2(E)), TOP_K=top_k,
         K_PAD=max(2, _next_pow2(top_k)), NORM=bool(norm_topk_prob), BLOCK_T=bt,
@@ -325,12 +326,12 @@ def group_by_expert(ids_flat, E, block_m):
     rank = torch.empty(n, device=dev, dtype=torch.int32)
     sorted_ids = torch.empty(n, device=dev, dtype=torch.int32)
     blk = torch.empty((3, n_blocks), device=dev, dtype=torch.int32)
-    _moe_count_kernel[(_cdiv(n, SORT_BLOCK),)](ids_flat, counts, rank, n, E=E, BLOCK=SORT_BLOCK, **_opts(4))
+    launch(_moe_count_kernel, (_cdiv(n, SORT_BLOCK),), ids_flat, counts, rank, n, E=E, BLOCK=SORT_BLOCK, **_opts(4))
     e_pad = max(16, _next_pow2(E))
     sb = max(16, min(SORT_BLOCK, 8192 // e_pad))
     grid = (max(_cdiv(n, sb), _cdiv(n_blocks, sb)),)
-    _moe_scatter_kernel[grid](ids_flat, counts, rank, sorted_ids, blk[0], blk[1], blk[2], n, n_blocks,
-                              E=E, E_PAD=e_pad, BLOCK_M=block_m, BLOCK=sb, **_opts(4))
+    launch(_moe_scatter_kernel, grid, ids_flat, counts, rank, sorted_ids, blk[0], blk[1], blk[2], n, n_blocks,
+           E=E, E_PAD=e_pad, BLOCK_M=block_m, BLOCK=sb, **_opts(4))
     return sorted_ids, counts, blk
 
 
@@ -356,19 +357,19 @@ def experts(x, w_gate_up, w_down, topk_weights, topk_ids, config=None, return_in
     act = torch.empty((n, I), device=x.device, dtype=x.dtype)
     y = torch.empty((n, H), device=x.device, dtype=x.dtype)
     opts = _opts(cfg["num_warps"], cfg["num_stages"])
-    _moe_gate_up_kernel[(n_blocks, _cdiv(I, cfg["BLOCK_N1"]))](
+    launch(_moe_gate_up_kernel, (n_blocks, _cdiv(I, cfg["BLOCK_N1"])),
         x, w_gate_up, act, sorted_ids, blk[0], blk[1], blk[2],
         H, I, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0),
         TOP_K=k, EVEN_K=(H % bk == 0), BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N1"], BLOCK_K=bk, **opts,
     )
-    _moe_down_kernel[(n_blocks, _cdiv(H, cfg["BLOCK_N2"]))](
+    launch(_moe_down_kernel, (n_blocks, _cdiv(H, cfg["BLOCK_N2"])),
         act, w_down, y, sorted_ids, blk[0], blk[1], blk[2],
         H, I, act.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
         EVEN_K=(I % bk == 0), BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N2"], BLOCK_K=bk, **opts,
     )
     wt = topk_weights if topk_weights.is_contiguous() else topk_weights.contiguous()
     bh = min(COMBINE_BLOCK_H, max(16, _next_pow2(H)))
-    _moe_combine_kernel[(T, _cdiv(H, bh))](y, wt, out, H, y.stride(0), out.stride(0),
+    launch(_moe_combine_kernel, (T, _cdiv(H, bh)), y, wt, out, H, y.stride(0), out.stride(0),
                                                  TOP_K=k, BLOCK_H=bh, **_opts(4))
     if return_intermediate:
         return out, (y, sorted_ids, counts)

@@ -32,6 +32,7 @@ import triton.language as tl
 from . import contract as C
 from ._rowops import (cdiv as _cdiv, next_pow2 as _next_pow2, canonical, fresh_copy, interpreting, launch_opts,
                       pdl_start, to_act, vec_for)
+from ._rowops import launch
 
 KNOBS = {
     "coupled": {"RMSNORM_TILE_ELEMS": C.RMSNORM_TILE_ELEMS},
@@ -157,7 +158,7 @@ def forward(x, weight, eps, residual=None):
     else:
         ru, srt, srh = xu, 0, 0
     w = _weight(weight, vec)
-    _rmsnorm_fwd_kernel[(_cdiv(M, rows),)](
+    launch(_rmsnorm_fwd_kernel, (_cdiv(M, rows),),
         xu, ru, w, y, res_out, M, NH, sxt // vec, sxh // vec, srt // vec, srh // vec, float(eps),
         H=H, BLOCK_H=block, ROWS=rows, VEC=vec, HAS_RES=residual is not None, INTERP=interpreting(),
         **launch_opts(warps),
@@ -177,7 +178,7 @@ def forward_two_weights(x, weight1, weight2, heads1, eps):
     if x.numel() == 0:
         return y
     xu, M, NHc, sxt, sxh = canonical(x, vec)
-    _rmsnorm_fwd_kernel[(_cdiv(M, rows),)](
+    launch(_rmsnorm_fwd_kernel, (_cdiv(M, rows),),
         xu, xu, _weight(weight1, vec), y, y, M, NHc, sxt // vec, sxh // vec, 0, 0, float(eps),
         H=H, BLOCK_H=block, ROWS=rows, VEC=vec, HAS_RES=False, INTERP=interpreting(),
         W2=_weight(weight2, vec), HEADS=NH, HEADS1=heads1, TWO_W=True,
@@ -210,7 +211,7 @@ def backward(dy, x, weight, eps, dres=None):
     cap = 4 if interpreting() or x.device.type != "cuda" else BWD_PROGRAMS_PER_SM * _n_sms(x.device.index or 0)
     G = min(n_blocks, cap)
     part = torch.empty((G, block), dtype=torch.float32, device=x.device)
-    _rmsnorm_bwd_kernel[(G,)](
+    launch(_rmsnorm_bwd_kernel, (G,),
         dy2, x2, weight, dres2, dx, part, M, n_blocks, float(eps),
         H=H, BLOCK_H=block, ROWS=rows, HAS_DRES=dres is not None, INTERP=interpreting(),
         **launch_opts(warps),

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, interpreting, launch_opts, pdl_start, to_act
+from ._rowops import launch
 
 KNOBS = {"free": {"HEAD_ELEMS": (1024, 2048, 4096), "WARPS": (2, 4, 8), "TOKEN_TILES": (False, True),
                   "TOKEN_TILE_ELEMS": (2048, 4096, 8192), "TOKEN_WARPS": (4, 8),
@@ -32,9 +33,12 @@ WARPS = 4
 # BLOCK_T * (pow2(Hq) + pow2(Hkv)) * pow2(R/2) <= TOKEN_TILE_ELEMS. Used from TOKEN_TILES_MIN_T tokens
 # (session-14 H200 probe, graph replay: T 4096 / 16384 faster on every model, Qwen2.5-1.5B 22.5 -> 9.6
 # and 84.1 -> 38.2 us, HBM share at T >= 4096 0.52 -> 0.75; T 1 / 256 0.1-1.1 us slower).
+# Session-16 probe (scripts/rowops_knob_probe.py, inputs streamed from HBM): TOKEN_TILE_ELEMS 2048
+# against 8192 at TOKEN_WARPS 2, HBM share at T 4096 / 16384: Qwen2.5-1.5B 0.719 / 0.737 -> 0.713 / 0.759,
+# Qwen3-4B 0.755 / 0.864 -> 0.763 / 0.882, Qwen3-30B-A3B 0.717 / 0.836 -> 0.757 / 0.850.
 TOKEN_TILES = True
 TOKEN_TILES_MIN_T = 1024
-TOKEN_TILE_ELEMS = 8192
+TOKEN_TILE_ELEMS = 2048
 TOKEN_WARPS = 2
 
 
@@ -186,7 +190,7 @@ def forward(q, k, positions, inv_freq, attention_scaling=1.0, backward=False):
         bt = 1
         while 2 * bt * (bq + bk) * block_half <= TOKEN_TILE_ELEMS and bt < T:
             bt *= 2
-        _rope_tokens_kernel[(_cdiv(T, bt),)](
+        launch(_rope_tokens_kernel, (_cdiv(T, bt),),
             q, k_arg, q_out, k_out if k_out is not None else q_out, positions, inv_freq, T,
             q.stride(0), q.stride(1), skt, skh, float(attention_scaling),
             HQ=hq, HKV=hkv, D=D, HALF=half, BLOCK_HALF=block_half, BQ=bq, BK=bk, BLOCK_T=bt,
@@ -196,7 +200,7 @@ def forward(q, k, positions, inv_freq, attention_scaling=1.0, backward=False):
         return q_out, k_out
     block_half, bh = _config(hq, hkv, half)
     nblocks = _cdiv(hq, bh) + (_cdiv(hkv, bh) if hkv else 0)
-    _rope_kernel[(T, nblocks)](
+    launch(_rope_kernel, (T, nblocks),
         q, k_arg, q_out, k_out if k_out is not None else q_out, positions, inv_freq,
         q.stride(0), q.stride(1), skt, skh, float(attention_scaling),
         HQ=hq, HKV=hkv, D=D, HALF=half, BLOCK_HALF=block_half, BLOCK_HEADS=bh,
@@ -221,7 +225,7 @@ def forward_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v
     block_half, bh = _config(hq, hkv, half)
     pass_block = _next_pow2(D - 2 * half) if D > 2 * half else 0
     nblocks = _cdiv(hq, bh) + _cdiv(hkv, bh)
-    _rope_kernel[(T, nblocks)](
+    launch(_rope_kernel, (T, nblocks),
         q, k, q_out, k_cache, positions, inv_freq,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), float(attention_scaling),
         HQ=hq, HKV=hkv, D=D, HALF=half, BLOCK_HALF=block_half, BLOCK_HEADS=bh,

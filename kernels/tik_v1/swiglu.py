@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ._rowops import cdiv as _cdiv, next_pow2 as _next_pow2, interpreting, launch_opts, pdl_start, to_act
+from ._rowops import launch
 
 KNOBS = {"free": {"BLOCK": (512, 1024, 2048, 4096), "WARPS": (2, 4, 8)}}
 BLOCK = 1024
@@ -73,7 +74,7 @@ def forward(gate, up):
     u2, _ = _rows(up)
     if M == 0 or I == 0:
         return out
-    _swiglu_fwd_kernel[(M, _cdiv(I, BLOCK))](
+    launch(_swiglu_fwd_kernel, (M, _cdiv(I, BLOCK)),
         g2, u2, out, g2.stride(0), u2.stride(0), I, BLOCK=BLOCK, INTERP=interpreting(), **launch_opts(WARPS)
     )
     return out
@@ -95,7 +96,7 @@ def backward(dy, gate, up):
     if M == 0 or I == 0:
         return dg, du
     dy2 = dy.reshape(M, I).contiguous()
-    _swiglu_bwd_kernel[(M, _cdiv(I, BLOCK))](
+    launch(_swiglu_bwd_kernel, (M, _cdiv(I, BLOCK)),
         dy2, g2, u2, dg, du, g2.stride(0), u2.stride(0), I, I, I, BLOCK=BLOCK, INTERP=interpreting(),
         **launch_opts(WARPS),
     )
@@ -112,7 +113,7 @@ def backward_fused(dy, gate_up):
         return dgu
     dgu2 = dgu.view(M, 2 * I)
     dy2 = dy.reshape(M, I).contiguous()
-    _swiglu_bwd_kernel[(M, _cdiv(I, BLOCK))](
+    launch(_swiglu_bwd_kernel, (M, _cdiv(I, BLOCK)),
         dy2, g2, u2, dgu2, dgu2[:, I:], g2.stride(0), u2.stride(0), 2 * I, 2 * I, I,
         BLOCK=BLOCK, INTERP=interpreting(), **launch_opts(WARPS),
     )
