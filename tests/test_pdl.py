@@ -19,21 +19,38 @@ from areal_tik_plugin.loader import get_implementation
 MODULES = ("attention", "gemm", "kv_write", "logprob", "moe", "rmsnorm", "rope", "swiglu")
 
 
+def _launches(mod):
+    """(kernel names launched as launch(NAME, grid, ...), names launched as NAME[grid](...))."""
+    tree = ast.parse(inspect.getsource(mod))
+    via_launch = {n.args[0].id for n in ast.walk(tree)
+                  if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "launch" and n.args
+                  and isinstance(n.args[0], ast.Name) and isinstance(getattr(mod, n.args[0].id, None), KernelInterface)}
+    subscript = {n.value.id for n in ast.walk(tree)
+                 if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
+                 and isinstance(getattr(mod, n.value.id, None), KernelInterface)}
+    return via_launch, subscript
+
+
 def _kernels():
     impl = get_implementation()
     for name in MODULES:
         mod = impl.module(name)
-        src = inspect.getsource(mod)
-        launched = {n.value.id for n in ast.walk(ast.parse(src))  # NAME[grid](...) with NAME a Triton kernel
-                    if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
-                    and isinstance(getattr(mod, n.value.id, None), KernelInterface)}
-        for k in sorted(launched):
+        via_launch, subscript = _launches(mod)
+        for k in sorted(via_launch | subscript):
             yield name, k, getattr(mod, k).fn
 
 
 def test_every_launched_kernel_is_found():
     names = [k for _, k, _ in _kernels()]
     assert len(names) >= 27 and "_attn_decode_kernel" in names and "_linear_tma_persistent_kernel" in names, names
+
+
+def test_every_launch_takes_the_launch_helper():
+    """Each kernel is launched through _rowops.launch (the short host path, FAST_LAUNCH), never as
+    NAME[grid](...) directly."""
+    impl = get_implementation()
+    direct = {name: sorted(_launches(impl.module(name))[1]) for name in MODULES}
+    assert not any(direct.values()), direct
 
 
 @pytest.mark.parametrize("mod,name,fn", list(_kernels()), ids=lambda x: x if isinstance(x, str) else "")

@@ -114,7 +114,14 @@ def pdl_start(PDL: tl.constexpr):
 # launch hook (profilers), a pre-run hook, a changed global the kernel read, another Triton version, the
 # interpreter -- goes through ``jit_fn[grid](...)`` unchanged.
 FAST_LAUNCH = True
-_FAST_TRITON = triton.__version__.split(".")[:2] == ["3", "6"]
+try:
+    from triton import knobs
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import compute_cache_key
+
+    _FAST_TRITON = triton.__version__.split(".")[:2] == ["3", "6"]
+except ImportError:  # another Triton: its own launch path only
+    _FAST_TRITON = False
 _MISSING = object()
 
 
@@ -125,17 +132,18 @@ def _globals_unchanged(fn) -> bool:
     return True
 
 
+def _hooked(hook) -> bool:
+    """A launch hook is set (Triton 3.6 keeps an empty HookChain when none is)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def launch(fn, grid, *args, **kw):
     """``fn[grid](*args, **kw)`` (a ``@triton.jit`` kernel), through the short host path on a cache hit
     (``FAST_LAUNCH``). Returns what Triton's launch returns (the compiled kernel)."""
     if _INTERPRETING or not (FAST_LAUNCH and _FAST_TRITON):
         return fn[grid](*args, **kw)
-    from triton import knobs
-    from triton.runtime.driver import driver
-    from triton.runtime.jit import compute_cache_key
-
     runtime = knobs.runtime
-    if runtime.launch_enter_hook is not None or fn.pre_run_hooks:
+    if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook) or fn.pre_run_hooks:
         return fn[grid](*args, **kw)
     kw["debug"] = kw.get("debug", fn.debug) or runtime.debug  # as JITFunction.run: part of the cache key
     kw["instrumentation_mode"] = knobs.compilation.instrumentation_mode
@@ -147,7 +155,7 @@ def launch(fn, grid, *args, **kw):
         return fn.run(*args, grid=grid, warmup=False, **kw)
     n = len(grid)
     kernel.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, driver.active.get_current_stream(device),
-               kernel.function, kernel.packed_metadata, None, None, runtime.launch_exit_hook, *bound.values())
+               kernel.function, kernel.packed_metadata, None, None, None, *bound.values())  # no hooks: no metadata
     return kernel
 
 

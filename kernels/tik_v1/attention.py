@@ -646,7 +646,7 @@ def prefill_backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, softmax_scale)
     do = do.contiguous()
     blk = BWD_BLOCK["cpu" if _interpreting() else "gpu"]
     delta = torch.empty((Hq, T), device=q.device, dtype=torch.float32)
-    _bwd_preprocess[(_cdiv(T, 64), Hq)](o, do, delta, o.stride(0), o.stride(1), T, Hq, D=D, BLOCK=64)
+    launch(_bwd_preprocess, (_cdiv(T, 64), Hq), o, do, delta, o.stride(0), o.stride(1), T, Hq, D=D, BLOCK=64)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
