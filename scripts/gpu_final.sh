@@ -18,9 +18,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 # outside attention.py, whose benchmarks are then those of the last full run); =quick: the full checks
 # with the --quick benchmark grid; TIK_FINAL_LAYER_BENCH=1: the layer bench (TIK_FINAL_LB_ARGS, default
 # --quick) after the suites, its JSON and log under $OUT. Order: ops, attention, layer bench.
-python3 -m areal_tik_plugin.gpu --out "$OUT" --ops rmsnorm,rope,swiglu,kv_write,logprob,gemm,moe --quick >"$OUT/ops.log" 2>&1; b=$?
+# TIK_FINAL_PARTS (default "ops attention"): run one part per device call when both do not fit in one
+parts=" ${TIK_FINAL_PARTS:-ops attention} "
+a=0; b=0; : >"$OUT/ops.log"; : >"$OUT/attention.log"
+if [[ $parts == *" ops "* ]]; then
+  python3 -m areal_tik_plugin.gpu --out "$OUT" --ops rmsnorm,rope,swiglu,kv_write,logprob,gemm,moe --quick >"$OUT/ops.log" 2>&1; b=$?
+fi
 nb=; [ "${TIK_FINAL_ATTN_BENCH:-1}" = 0 ] && nb=--no-bench; [ "${TIK_FINAL_ATTN_BENCH:-1}" = quick ] && nb=--quick-bench
-python3 -m areal_tik_plugin.gpu --out "$OUT" --ops attention $nb >"$OUT/attention.log" 2>&1; a=$?
+if [[ $parts == *" attention "* ]]; then
+  python3 -m areal_tik_plugin.gpu --out "$OUT" --ops attention $nb >"$OUT/attention.log" 2>&1; a=$?
+fi
 c=0
 if [ "${TIK_FINAL_LAYER_BENCH:-0}" = 1 ]; then
   timeout "${TIK_LB_LIMIT:-200}" python3 -m areal_tik_plugin.gpu.layer_bench --out "$OUT" ${TIK_FINAL_LB_ARGS:---quick} >"$OUT/layer_bench.log" 2>&1; c=$?
