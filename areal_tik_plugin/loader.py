@@ -207,6 +207,10 @@ def get_implementation() -> Implementation:
     global _current
     if _current is None:
         _current = load_implementation(resolve_path(selected_name()))
+        if os.environ.get("TIK_FAST_LAUNCH", "1") == "0":  # A/B switch for the short launch path (a free knob)
+            rowops = _current.module("_rowops")
+            if hasattr(rowops, "FAST_LAUNCH"):
+                rowops.FAST_LAUNCH = False
     return _current
 
 
