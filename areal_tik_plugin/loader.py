@@ -202,15 +202,28 @@ def resolve_path(name_or_path: str) -> str:
 _current: Implementation | None = None
 
 
+def _apply_fast_launch(impl: Implementation) -> None:
+    """The short launch path (free knob ``_rowops.FAST_LAUNCH``) is off unless ``TIK_FAST_LAUNCH=1``.
+
+    Session 16, same kernels (44146d4) on the H200: it cut ``ops.linear``'s host time 69.7 -> 53.6 us, but
+    SGLang's greedy decode (qwen3-4b shape, batch 32, CUDA graphs) ran at 3468 tok/s with it and 6281 tok/s
+    without it (64 / 64 requests bit-identical either way). Until that is understood, the package runs
+    Triton's own launch path; ``TIK_FAST_LAUNCH=1`` turns the short path on for this process and its
+    children (e.g. SGLang's scheduler processes)."""
+    if os.environ.get("TIK_FAST_LAUNCH", "0") == "1":
+        return
+    if os.path.isfile(os.path.join(impl.path, "_rowops.py")):
+        rowops = impl.module("_rowops")
+        if hasattr(rowops, "FAST_LAUNCH"):
+            rowops.FAST_LAUNCH = False
+
+
 def get_implementation() -> Implementation:
     """The implementation selected for this process (loaded once, hash-checked)."""
     global _current
     if _current is None:
         _current = load_implementation(resolve_path(selected_name()))
-        if os.environ.get("TIK_FAST_LAUNCH", "1") == "0":  # A/B switch for the short launch path (a free knob)
-            rowops = _current.module("_rowops")
-            if hasattr(rowops, "FAST_LAUNCH"):
-                rowops.FAST_LAUNCH = False
+        _apply_fast_launch(_current)
     return _current
 
 
@@ -226,6 +239,8 @@ def set_implementation(name_or_path: str | None) -> Implementation | None:
     """Switch the process to another implementation (``None`` resets to the default selection)."""
     global _current
     _current = None if name_or_path is None else load_implementation(resolve_path(name_or_path))
+    if _current is not None:
+        _apply_fast_launch(_current)
     return _current
 
 

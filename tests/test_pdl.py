@@ -81,3 +81,21 @@ def test_launch_keywords(monkeypatch):
     monkeypatch.setattr(ro, "PDL", False)
     ro._PDL_DEVICES.clear()
     assert ro.pdl_opts() == {}
+
+
+@pytest.mark.parametrize("env,want", [(None, False), ("0", False), ("1", True)])
+def test_fast_launch_is_opt_in(env, want):
+    """The package runs Triton's own launch path unless TIK_FAST_LAUNCH=1 (loader._apply_fast_launch: the
+    short path slowed SGLang's decode on the H200 in session 16; cause not found yet)."""
+    import os
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if k != "TIK_FAST_LAUNCH"}
+    if env is not None:
+        e["TIK_FAST_LAUNCH"] = env
+    code = ("from areal_tik_plugin.loader import get_implementation as g; "
+            "print(g().module('_rowops').FAST_LAUNCH)")
+    out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == str(want)
