@@ -5,7 +5,7 @@
 #   python -m areal_tik_plugin.integrations.areal.gpu_wheels .whl-areal   # areal 1.0.4 + light deps, liger-kernel
 # Usage (device call, carry [".whl", ".whl-areal"]):
 #   bash scripts/gpu_integrations.sh STEP [STEP...]
-# STEPs: sglang | liger | recompute | verify-full | layer-bench | gemm-sweep | ops-quick | host | search | gsm8k | areal-bits
+# STEPs: sglang | sglang-ab | liger | recompute | verify-full | layer-bench | gemm-sweep | ops-quick | host | search | gsm8k | areal-bits
 # (ops-quick: contract checks + --quick benchmark grid of TIK_OPS (comma list), a probe, not the evidence call)
 # (search: TIK_DEADLINE_S caps its budget so that TIK_SEARCH_RESERVE_S seconds remain for later steps)
 # (gsm8k: kind nvidia-h200-x2, wheels built with `areal.gpu_wheels .whl-areal --trainer`; not run on a GPU yet;
@@ -50,6 +50,14 @@ for step in "$@"; do
       else
         rc=1; grep -E "Error|error:|Traceback|stub" "$W/sglang-tiny.log" | tail -12
       fi;;
+    sglang-ab)
+      # the short launch path A/B in one call (same host): the tik-only proof with TIK_FAST_LAUNCH=1, then =0
+      for fl in 1 0; do
+        TIK_FAST_LAUNCH=$fl timeout "${TIK_SGL_LIMIT:-200}" python3 -m areal_tik_plugin.integrations.sglang_gpu_proof \
+          --out "$W/fast$fl" --stub-sgl-kernel --shape "${TIK_SGL_SHAPE:-qwen3-4b}" --batch "${TIK_SGL_BATCH:-32}" \
+          --new "${TIK_SGL_NEW:-128}" --baselines "" --timeout $(( ${TIK_SGL_LIMIT:-200} - 20 )) >"$W/sglang-fast$fl.log" 2>&1 || rc=1
+        echo "-- TIK_FAST_LAUNCH=$fl"; grep -E "^tik|bitwise|Error|Traceback" "$W/sglang-fast$fl.log" | head -5
+      done;;
     liger)
       python3 -m areal_tik_plugin.gpu --out "$W" --ops rmsnorm,rope,swiglu --quick >"$W/liger.log" 2>&1 || rc=1
       grep -E "^(FAIL|ERROR)|liger" "$W/liger.log" | head -12; tail -5 "$W/liger.log";;
