@@ -208,8 +208,9 @@ def _apply_fast_launch(impl: Implementation) -> None:
     Session 16, same kernels (44146d4) on the H200: it cut ``ops.linear``'s host time 69.7 -> 53.6 us, but
     SGLang's greedy decode (qwen3-4b shape, batch 32, CUDA graphs) ran at 3468 tok/s with it and 6281 tok/s
     without it (64 / 64 requests bit-identical either way; one run each on two device hosts, whose Python
-    speed differed, so not yet an A/B). Until that is decided, the package runs Triton's own launch path; ``TIK_FAST_LAUNCH=1`` turns the short path on for this process and its
-    children (e.g. SGLang's scheduler processes)."""
+    speed differed, so not yet an A/B). Until that is decided, the package runs Triton's own launch path;
+    ``TIK_FAST_LAUNCH=1`` turns the short path on for this process and its children (e.g. SGLang's
+    scheduler processes)."""
     if os.environ.get("TIK_FAST_LAUNCH", "0") == "1":
         return
     if os.path.isfile(os.path.join(impl.path, "_rowops.py")):

@@ -47,9 +47,8 @@ def report(tag):
 
 def breakdown():
     import cProfile
-    import pstats
-
     import importlib
+    import pstats
 
     from areal_tik_plugin.loader import get_implementation
 
@@ -93,12 +92,21 @@ def breakdown():
                     ("get_current_stream", lambda: driver.active.get_current_stream(dev))):
         fn()
         print(f"  host {tag:<22}{host(fn):6.1f} us/call", flush=True)
-    for tag, fn in (("ops.linear", lambda: linear(x, w)), ("ops _linear_fast", lambda: lin_mod._linear_fast(x, w)),
-                    ("gemm.linear", lambda: gemm.linear(x, w)), ("gemm.linear(config)", lambda: gemm.linear(x, w, config=cfg)),
-                    ("bare triton launch", bare), ("F.linear", lambda: torch.nn.functional.linear(x, w)),
+    ro = get_implementation().module("_rowops")
+    default = ro.FAST_LAUNCH
+    for fast in (False, True):  # Triton's launch path (the package default), then the short one (TIK_FAST_LAUNCH=1)
+        ro.FAST_LAUNCH = fast
+        sfx = " [short]" if fast else ""
+        for tag, fn in (("ops.linear", lambda: linear(x, w)), ("ops _linear_fast", lambda: lin_mod._linear_fast(x, w)),
+                        ("gemm.linear", lambda: gemm.linear(x, w)),
+                        ("gemm.linear(config)", lambda: gemm.linear(x, w, config=cfg))):
+            fn()
+            print(f"  host {tag + sfx:<30}{host(fn):6.1f} us/call", flush=True)
+    ro.FAST_LAUNCH = default
+    for tag, fn in (("bare triton launch", bare), ("F.linear", lambda: torch.nn.functional.linear(x, w)),
                     ("torch.empty", lambda: torch.empty(M, N, device="cuda", dtype=x.dtype))):
         fn()
-        print(f"  host {tag:<22}{host(fn):6.1f} us/call", flush=True)
+        print(f"  host {tag:<30}{host(fn):6.1f} us/call", flush=True)
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(2000):
