@@ -109,10 +109,16 @@ class Implementation:
     source_hash: str
     package: str = ""
     _modules: dict[str, types.ModuleType] = field(default_factory=dict)
+    _launch_set: bool = False
 
     def module(self, mod: str) -> types.ModuleType:
         if mod not in self._modules:
             self._modules[mod] = importlib.import_module(f"{self.package}.{mod}")
+            if not self._launch_set:  # the first module imported brings in the shared launch helpers
+                rowops = sys.modules.get(f"{self.package}._rowops")
+                if rowops is not None:
+                    _apply_fast_launch(rowops)
+                    self._launch_set = True
         return self._modules[mod]
 
     def entry(self, op: str):
@@ -202,7 +208,7 @@ def resolve_path(name_or_path: str) -> str:
 _current: Implementation | None = None
 
 
-def _apply_fast_launch(impl: Implementation) -> None:
+def _apply_fast_launch(rowops: types.ModuleType) -> None:
     """The short launch path (free knob ``_rowops.FAST_LAUNCH``) is off unless ``TIK_FAST_LAUNCH=1``.
 
     Session 16, same kernels (44146d4) on the H200: it cut ``ops.linear``'s host time 69.7 -> 53.6 us, but
@@ -211,12 +217,8 @@ def _apply_fast_launch(impl: Implementation) -> None:
     speed differed, so not yet an A/B). Until that is decided, the package runs Triton's own launch path;
     ``TIK_FAST_LAUNCH=1`` turns the short path on for this process and its children (e.g. SGLang's
     scheduler processes)."""
-    if os.environ.get("TIK_FAST_LAUNCH", "0") == "1":
-        return
-    if os.path.isfile(os.path.join(impl.path, "_rowops.py")):
-        rowops = impl.module("_rowops")
-        if hasattr(rowops, "FAST_LAUNCH"):
-            rowops.FAST_LAUNCH = False
+    if os.environ.get("TIK_FAST_LAUNCH", "0") != "1" and hasattr(rowops, "FAST_LAUNCH"):
+        rowops.FAST_LAUNCH = False
 
 
 def get_implementation() -> Implementation:
@@ -224,7 +226,6 @@ def get_implementation() -> Implementation:
     global _current
     if _current is None:
         _current = load_implementation(resolve_path(selected_name()))
-        _apply_fast_launch(_current)
     return _current
 
 
@@ -240,8 +241,6 @@ def set_implementation(name_or_path: str | None) -> Implementation | None:
     """Switch the process to another implementation (``None`` resets to the default selection)."""
     global _current
     _current = None if name_or_path is None else load_implementation(resolve_path(name_or_path))
-    if _current is not None:
-        _apply_fast_launch(_current)
     return _current
 
 
