@@ -71,6 +71,30 @@ def time_both(fn: Callable[[], object], *, graph: bool = True, **kw) -> dict:
     return out
 
 
+def host_us(fn: Callable[[], object], *, n: int = 200, reps: int = 5, warmup: int = 20) -> float:
+    """Host time per call: the best of ``reps`` rounds of ``n`` calls, issue only (no sync inside a round).
+    When CUDA is in use the device is synchronized before each round and after the last, so every round
+    starts with an empty launch queue. Works without a GPU (e.g. with launches stubbed)."""
+    import time
+
+    import torch
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    if cuda:
+        torch.cuda.synchronize()
+    return best
+
+
 def ratio(baseline: dict, ours: dict, key: str) -> float | None:
     b, o = baseline.get(key), ours.get(key)
     if b is None or o is None or o <= 0:

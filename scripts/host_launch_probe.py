@@ -13,11 +13,11 @@ Session 15 ran it once (stdout only, no file): ours cold 64.8 / 63.9 / 39.6 / 42
 of 60-80 us shows up in the cold time of a ~10 us kernel.
 """
 
-import time
-
 import torch
 import triton
 
+from areal_tik_plugin import bench
+from areal_tik_plugin.gpu._rowops import knobs
 from areal_tik_plugin.ops import linear
 
 x = torch.randn(1, 2560, device="cuda", dtype=torch.bfloat16)
@@ -25,17 +25,11 @@ w = torch.randn(6144, 2560, device="cuda", dtype=torch.bfloat16)
 
 
 def cold(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+    return bench.time_cold_us(fn)
 
 
 def host(fn, n=2000):
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t) * 1e6 / n
+    return bench.host_us(fn, n=n, reps=1, warmup=0)
 
 
 def report(tag):
@@ -93,16 +87,15 @@ def breakdown():
         fn()
         print(f"  host {tag:<22}{host(fn):6.1f} us/call", flush=True)
     ro = get_implementation().module("_rowops")
-    default = ro.FAST_LAUNCH
     for fast in (False, True):  # Triton's launch path (the package default), then the short one (TIK_FAST_LAUNCH=1)
-        ro.FAST_LAUNCH = fast
         sfx = " [short]" if fast else ""
-        for tag, fn in (("ops.linear", lambda: linear(x, w)), ("ops _linear_fast", lambda: lin_mod._linear_fast(x, w)),
-                        ("gemm.linear", lambda: gemm.linear(x, w)),
-                        ("gemm.linear(config)", lambda: gemm.linear(x, w, config=cfg))):
-            fn()
-            print(f"  host {tag + sfx:<30}{host(fn):6.1f} us/call", flush=True)
-    ro.FAST_LAUNCH = default
+        with knobs(ro, FAST_LAUNCH=fast):
+            for tag, fn in (("ops.linear", lambda: linear(x, w)),
+                            ("ops _linear_fast", lambda: lin_mod._linear_fast(x, w)),
+                            ("gemm.linear", lambda: gemm.linear(x, w)),
+                            ("gemm.linear(config)", lambda: gemm.linear(x, w, config=cfg))):
+                fn()
+                print(f"  host {tag + sfx:<30}{host(fn):6.1f} us/call", flush=True)
     for tag, fn in (("bare triton launch", bare), ("F.linear", lambda: torch.nn.functional.linear(x, w)),
                     ("torch.empty", lambda: torch.empty(M, N, device="cuda", dtype=x.dtype))):
         fn()
@@ -130,8 +123,6 @@ if __name__ == "__main__":
         report("after liger import")
     except ImportError:
         print("liger_kernel not importable: skipped")
-    from areal_tik_plugin import bench
-
     for _ in range(20):
         bench.time_graph_us(lambda: linear(x, w))
     report("after 20 graphs")

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from areal_tik_plugin.gpu._rowops import HBM_TBPS, stream_copies
+from areal_tik_plugin.gpu._rowops import HBM_TBPS, knobs as knob_values, stream_copies
 from areal_tik_plugin.gpu.suite import bits
 
 ROPE_MODELS = {"qwen2.5-1.5b": (12, 2), "qwen3-4b": (32, 8), "qwen3-30b-a3b": (32, 4)}
@@ -46,13 +46,6 @@ def _same(a, b) -> bool:
     return torch.equal(bits(a), bits(b))
 
 
-def _set(mod, values: dict):
-    old = {k: getattr(mod, k) for k in values}
-    for k, v in values.items():
-        setattr(mod, k, v)
-    return old
-
-
 def probe_rope(impl, rows):
     from areal_tik_plugin import bench
 
@@ -68,22 +61,22 @@ def probe_rope(impl, rows):
         ref = rope.forward(q, k, pos, inv)
         copies = [(q, k)] + [(q.clone(), k.clone()) for _ in range(stream_copies(nbytes) - 1)]
         combos = [dict()] + [dict(zip(ROPE_KNOBS, v)) for v in itertools.product(*ROPE_KNOBS.values())]
-        for knobs in combos:
-            old = _set(rope, knobs)
+        for kn in combos:
             try:
-                out = rope.forward(q, k, pos, inv)
-                torch.cuda.synchronize()
-                same = _same(out, ref)
-                us = bench.time_graph_us(lambda: rope.forward(q, k, pos, inv))
-                st = bench.time_graph_each_us([lambda q=q_, k=k_: rope.forward(q, k, pos, inv) for q_, k_ in copies])
-                row = {"op": "rope", "model": model, "T": T, "knobs": knobs or "default", "us": us,
-                       "hbm_frac_same_buffers": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "streamed_us": st,
-                       "stream_copies": len(copies), "hbm_frac": nbytes / (st * 1e-6) / 1e12 / HBM_TBPS,
-                       "bits_equal_default": same}
+                with knob_values(rope, **kn):
+                    out = rope.forward(q, k, pos, inv)
+                    torch.cuda.synchronize()
+                    same = _same(out, ref)
+                    us = bench.time_graph_us(lambda: rope.forward(q, k, pos, inv))
+                    st = bench.time_graph_each_us([lambda q=q_, k=k_: rope.forward(q, k, pos, inv)
+                                                   for q_, k_ in copies])
+                    row = {"op": "rope", "model": model, "T": T, "knobs": kn or "default", "us": us,
+                           "hbm_frac_same_buffers": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "streamed_us": st,
+                           "stream_copies": len(copies), "hbm_frac": nbytes / (st * 1e-6) / 1e12 / HBM_TBPS,
+                           "bits_equal_default": same}
             except Exception as e:
-                row = {"op": "rope", "model": model, "T": T, "knobs": knobs or "default", "error": f"{type(e).__name__}: {e}"[:200]}
-            finally:
-                _set(rope, old)
+                row = {"op": "rope", "model": model, "T": T, "knobs": kn or "default",
+                       "error": f"{type(e).__name__}: {e}"[:200]}
             rows.append(row)
             _print(row)
         del q, k, copies
@@ -111,26 +104,24 @@ def probe_kv_write(impl, rows):
         copies = [(k, v, loc)] + [(k.clone(), v.clone(), torch.randperm(slots, device="cuda", generator=g)[:T])
                                   for _ in range(stream_copies(nbytes) - 1)]
         combos = [dict()] + [dict(zip(KV_KNOBS, vals)) for vals in itertools.product(*KV_KNOBS.values())]
-        for knobs in combos:
-            old = _set(kv, knobs)
+        for kn in combos:
             try:
-                kc.zero_()
-                vc.zero_()
-                kv.forward(kc, vc, loc, k, v)
-                torch.cuda.synchronize()
-                same = _same((kc, vc), ref)
-                us = bench.time_graph_us(lambda: kv.forward(kc, vc, loc, k, v))
-                st = bench.time_graph_each_us([lambda k=k_, v=v_, loc=l_: kv.forward(kc, vc, loc, k, v)
-                                               for k_, v_, l_ in copies])
-                row = {"op": "kv_write", "model": model, "T": T, "knobs": knobs or "default", "us": us,
-                       "hbm_frac_same_buffers": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "streamed_us": st,
-                       "stream_copies": len(copies), "hbm_frac": nbytes / (st * 1e-6) / 1e12 / HBM_TBPS,
-                       "bits_equal_default": same}
+                with knob_values(kv, **kn):
+                    kc.zero_()
+                    vc.zero_()
+                    kv.forward(kc, vc, loc, k, v)
+                    torch.cuda.synchronize()
+                    same = _same((kc, vc), ref)
+                    us = bench.time_graph_us(lambda: kv.forward(kc, vc, loc, k, v))
+                    st = bench.time_graph_each_us([lambda k=k_, v=v_, loc=l_: kv.forward(kc, vc, loc, k, v)
+                                                   for k_, v_, l_ in copies])
+                    row = {"op": "kv_write", "model": model, "T": T, "knobs": kn or "default", "us": us,
+                           "hbm_frac_same_buffers": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "streamed_us": st,
+                           "stream_copies": len(copies), "hbm_frac": nbytes / (st * 1e-6) / 1e12 / HBM_TBPS,
+                           "bits_equal_default": same}
             except Exception as e:
-                row = {"op": "kv_write", "model": model, "T": T, "knobs": knobs or "default",
+                row = {"op": "kv_write", "model": model, "T": T, "knobs": kn or "default",
                        "error": f"{type(e).__name__}: {e}"[:200]}
-            finally:
-                _set(kv, old)
             rows.append(row)
             _print(row)
         del kc, vc, k, v, copies
@@ -147,23 +138,21 @@ def probe_logprob(impl, rows):
         nbytes = T * VOCAB * 2 + T * 16
         ref = lp.forward(x, tok, 0.7)
         combos = [dict(entropy=e) for e in (True, False)]
-        combos += [dict(knobs, entropy=False) for knobs in
+        combos += [dict(kn, entropy=False) for kn in
                    [dict(zip(LOGPROB_KNOBS, v)) for v in itertools.product(*LOGPROB_KNOBS.values())]]
         for combo in combos:
-            knobs = {k: v for k, v in combo.items() if k != "entropy"}
+            kn = {k: v for k, v in combo.items() if k != "entropy"}
             ent = combo["entropy"]
-            old = _set(lp, knobs)
             try:
-                out = lp.forward(x, tok, 0.7, entropy=ent)
-                torch.cuda.synchronize()
-                same = _same(out, ref)  # entropy=False: logp and lse (the entropy slot is None)
-                us = bench.time_graph_us(lambda: lp.forward(x, tok, 0.7, entropy=ent), n_inner=3)
-                row = {"op": "logprob", "T": T, "knobs": combo, "us": us,
-                       "hbm_frac": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "bits_equal_default": same}
+                with knob_values(lp, **kn):
+                    out = lp.forward(x, tok, 0.7, entropy=ent)
+                    torch.cuda.synchronize()
+                    same = _same(out, ref)  # entropy=False: logp and lse (the entropy slot is None)
+                    us = bench.time_graph_us(lambda: lp.forward(x, tok, 0.7, entropy=ent), n_inner=3)
+                    row = {"op": "logprob", "T": T, "knobs": combo, "us": us,
+                           "hbm_frac": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "bits_equal_default": same}
             except Exception as e:
                 row = {"op": "logprob", "T": T, "knobs": combo, "error": f"{type(e).__name__}: {e}"[:200]}
-            finally:
-                _set(lp, old)
             rows.append(row)
             _print(row)
         del x

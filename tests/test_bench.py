@@ -17,3 +17,28 @@ def test_time_graph_each_us_calls_each_once_per_replay_and_divides(monkeypatch):
     fns = [lambda i=i: calls.append(i) for i in range(3)]
     assert bench.time_graph_each_us(iter(fns), rounds=7) == 10.0
     assert calls == [0, 1, 2]
+
+
+def test_host_us_counts_calls_and_takes_the_best_round():
+    calls = []
+    t = bench.host_us(lambda: calls.append(1), n=50, reps=3, warmup=4)
+    assert len(calls) == 4 + 3 * 50
+    assert 0.0 < t < 1e4
+
+
+def test_knobs_sets_and_restores_also_on_error():
+    import types
+
+    import pytest
+
+    from areal_tik_plugin.gpu._rowops import knobs
+
+    mod = types.SimpleNamespace(A=1, B="x")
+    with knobs(mod, A=2, B="y"):
+        assert (mod.A, mod.B) == (2, "y")
+    assert (mod.A, mod.B) == (1, "x")
+    with pytest.raises(RuntimeError):
+        with knobs(mod, A=3):
+            assert mod.A == 3
+            raise RuntimeError("inside")
+    assert mod.A == 1

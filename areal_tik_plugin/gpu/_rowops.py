@@ -3,6 +3,8 @@ logprob): model shapes, token counts, timing wrapper, CUDA-graph replay check, b
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from areal_tik_plugin import bench
@@ -52,6 +54,20 @@ def shuffled_rows(n_full, n, seed=0):
 # cache; Qwen2.5-1.5B RoPE at T=4096 moves 29 MB). ``graph_us`` stays the same-buffer replay that the
 # baseline ratios use; ``graph_streamed_us`` is what the share of HBM bandwidth is computed from.
 STREAM_BYTES = 256 << 20
+
+
+@contextlib.contextmanager
+def knobs(mod, **values):
+    """Set module-level knobs (e.g. ``_rowops.PDL``, ``logprob.MERGE_ROWS``) for the ``with`` block and
+    restore their previous values after it, also on an exception."""
+    old = {k: getattr(mod, k) for k in values}
+    try:
+        for k, v in values.items():
+            setattr(mod, k, v)
+        yield mod
+    finally:
+        for k, v in old.items():
+            setattr(mod, k, v)
 
 
 def stream_copies(nbytes: int) -> int:

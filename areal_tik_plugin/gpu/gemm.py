@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from areal_tik_plugin import bench
-from areal_tik_plugin.gpu._rowops import graph_vs_eager, stream_copies
+from areal_tik_plugin.gpu._rowops import graph_vs_eager, knobs, stream_copies
 from areal_tik_plugin.gpu.suite import timed as _time
 from areal_tik_plugin.ops import linear
 
@@ -198,22 +198,15 @@ def _check_pdl(rec):
         return linear(swiglu_fused(linear(rms_norm(x, wn, 1e-6), w1)), w2)
 
     def no_pdl(x):
-        ro.PDL = False
-        try:
+        with knobs(ro, PDL=False):
             return chain(x)
-        finally:
-            ro.PDL = True
 
-    default = ro.PDL
-    ro.PDL = True
-    try:
+    with knobs(ro, PDL=True):
         for M in (1, 64, 1024):
             x = torch.randn(M, 2560, device=DEV, dtype=torch.bfloat16)
             rec.bitwise(f"pdl_eager[M={M}]", chain(x), no_pdl(x))
             graph_vs_eager(rec, f"pdl_graph_vs_no_pdl[M={M}]", lambda: chain(x),
                            lambda i: x.copy_(torch.randn_like(x)), lambda: no_pdl(x))
-    finally:
-        ro.PDL = default
 
 
 def _check_fast_launch(rec):
@@ -239,15 +232,10 @@ def _check_fast_launch(rec):
         return q, k, y, token_logprobs(linear(y, wv), tok, 0.7, return_entropy=True)
 
     def slow(*a):
-        ro.FAST_LAUNCH = False
-        try:
+        with knobs(ro, FAST_LAUNCH=False):
             return chain(*a)
-        finally:
-            ro.FAST_LAUNCH = True
 
-    default = ro.FAST_LAUNCH
-    ro.FAST_LAUNCH = True
-    try:
+    with knobs(ro, FAST_LAUNCH=True):
         for M in (1, 64, 1024, 1500):
             x = torch.randn(M, 2560, device=DEV, dtype=torch.bfloat16)
             pos = torch.randint(0, 4096, (M,), device=DEV)
@@ -258,8 +246,6 @@ def _check_fast_launch(rec):
                 rec.bitwise(f"fast_launch_{name}[M={M}]", a, b)
             graph_vs_eager(rec, f"fast_launch_graph[M={M}]", lambda: chain(x, pos, tok)[2],
                            lambda i: x.copy_(torch.randn_like(x)), lambda: slow(x, pos, tok)[2])
-    finally:
-        ro.FAST_LAUNCH = default
 
 
 def _check_accuracy(rec, quick, shapes=None, Ms=None):
@@ -378,22 +364,6 @@ def _time_streamed(rec, name, fn, ws):
     return t
 
 
-def _host_us(fn, n: int = 2000) -> float:
-    """Host time per call (issue only, no sync inside the loop), best of 3 rounds of n calls."""
-    import time
-
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return best
-
-
 def _bench_host_launch(rec) -> None:
     """Host time of one ``ops.linear`` call (Qwen3-4B qkv, M=1: the kernel is shorter than the launch) with
     the short launch path and with Triton's own, against F.linear: what eager prefill / training pay per op."""
@@ -401,15 +371,15 @@ def _bench_host_launch(rec) -> None:
 
     ro = get_implementation().module("_rowops")
     x, w, _ = _data(1, 6144, 2560, seed=31)
-    default = ro.FAST_LAUNCH
-    try:
-        ro.FAST_LAUNCH = True
-        fast = _host_us(lambda: linear(x, w))
-        ro.FAST_LAUNCH = False
-        slow = _host_us(lambda: linear(x, w))
-    finally:
-        ro.FAST_LAUNCH = default
-    cub = _host_us(lambda: F.linear(x, w))
+
+    def host_us(fn):
+        return bench.host_us(fn, n=2000, reps=3, warmup=1)
+
+    with knobs(ro, FAST_LAUNCH=True):
+        fast = host_us(lambda: linear(x, w))
+    with knobs(ro, FAST_LAUNCH=False):
+        slow = host_us(lambda: linear(x, w))
+    cub = host_us(lambda: F.linear(x, w))
     rec.bench("host_launch_linear_qwen3-4b_qkv_M1", ours_fast_launch_host_us=fast, ours_triton_launch_host_us=slow,
               cublas_host_us=cub, fast_vs_triton_launch=slow / fast, cublas_vs_ours=cub / fast)
 

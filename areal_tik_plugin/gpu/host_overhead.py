@@ -25,6 +25,8 @@ import pstats
 import sys
 import time
 
+from areal_tik_plugin import bench
+
 
 def _host_and_wall(fn, n: int = 20) -> dict:
     import torch
@@ -198,24 +200,12 @@ def _stub_launches() -> None:
     V.check_values = lambda device: False  # as on the GPU (value checks need a host sync there)
 
 
-def _best_us(fn, n: int = 200, reps: int = 5) -> float:
-    for _ in range(20):
-        fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    return best
-
-
 def _stub_host_us(model: str, P: int) -> float:
     """Best-of-5 host Python time per layer prefill of P rows with launches stubbed (irreversible:
     call last)."""
     _stub_launches()
     _plug, _parts, layer = _layer(model, "cpu", P)
-    return _best_us(layer)
+    return bench.host_us(layer)
 
 
 def _train_forward(model: str, device, P: int):
@@ -247,7 +237,7 @@ def _train_forward(model: str, device, P: int):
 def _stub_train_host_us(model: str, P: int) -> float:
     """Best-of-5 host Python time per patched HF decoder layer forward (training path), launches stubbed."""
     _stub_launches()
-    return _best_us(_train_forward(model, "cpu", P))
+    return bench.host_us(_train_forward(model, "cpu", P))
 
 
 def _stub_main(args) -> int:
