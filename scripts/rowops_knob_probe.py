@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from areal_tik_plugin import bench
 from areal_tik_plugin.gpu._rowops import HBM_TBPS, knobs as knob_values, stream_copies
 from areal_tik_plugin.gpu.suite import bits
 
@@ -46,9 +47,32 @@ def _same(a, b) -> bool:
     return torch.equal(bits(a), bits(b))
 
 
-def probe_rope(impl, rows):
-    from areal_tik_plugin import bench
+def _share(nbytes, us):
+    return nbytes / (us * 1e-6) / 1e12 / HBM_TBPS
 
+
+def _probe(rows, mod, base, combos, nbytes, ref, run, copy_calls, call=None):
+    """Per knob combination of ``mod``: ``run()``'s output against ``ref`` bit for bit, the graph time of
+    ``call`` (default ``run``) on the same buffers and of ``copy_calls`` (one call per input copy, streamed
+    from HBM), and the shares of HBM bandwidth; one row each into ``rows``."""
+    for kn in combos:
+        row = dict(base, knobs=kn or "default")
+        try:
+            with knob_values(mod, **kn):
+                out = run()
+                torch.cuda.synchronize()
+                same = _same(out, ref)
+                us = bench.time_graph_us(call or run)
+                st = bench.time_graph_each_us(copy_calls)
+            row.update(us=us, hbm_frac_same_buffers=_share(nbytes, us), streamed_us=st,
+                       stream_copies=len(copy_calls), hbm_frac=_share(nbytes, st), bits_equal_default=same)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:200]
+        rows.append(row)
+        _print(row)
+
+
+def probe_rope(impl, rows):
     rope = impl.module("rope")
     for (model, (hq, hkv)), T in itertools.product(ROPE_MODELS.items(), ROPE_T):
         d = 128
@@ -61,32 +85,15 @@ def probe_rope(impl, rows):
         ref = rope.forward(q, k, pos, inv)
         copies = [(q, k)] + [(q.clone(), k.clone()) for _ in range(stream_copies(nbytes) - 1)]
         combos = [dict()] + [dict(zip(ROPE_KNOBS, v)) for v in itertools.product(*ROPE_KNOBS.values())]
-        for kn in combos:
-            try:
-                with knob_values(rope, **kn):
-                    out = rope.forward(q, k, pos, inv)
-                    torch.cuda.synchronize()
-                    same = _same(out, ref)
-                    us = bench.time_graph_us(lambda: rope.forward(q, k, pos, inv))
-                    st = bench.time_graph_each_us([lambda q=q_, k=k_: rope.forward(q, k, pos, inv)
-                                                   for q_, k_ in copies])
-                    row = {"op": "rope", "model": model, "T": T, "knobs": kn or "default", "us": us,
-                           "hbm_frac_same_buffers": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "streamed_us": st,
-                           "stream_copies": len(copies), "hbm_frac": nbytes / (st * 1e-6) / 1e12 / HBM_TBPS,
-                           "bits_equal_default": same}
-            except Exception as e:
-                row = {"op": "rope", "model": model, "T": T, "knobs": kn or "default",
-                       "error": f"{type(e).__name__}: {e}"[:200]}
-            rows.append(row)
-            _print(row)
+        _probe(rows, rope, {"op": "rope", "model": model, "T": T}, combos, nbytes, ref,
+               run=lambda: rope.forward(q, k, pos, inv),
+               copy_calls=[lambda q=q_, k=k_: rope.forward(q, k, pos, inv) for q_, k_ in copies])
         del q, k, copies
 
 
 def probe_kv_write(impl, rows):
     """KV write (SGLang set_kv_buffer) tile / warp knobs: T new tokens' K and V rows into a 65536-slot pool
     at random slots; share of HBM over the bytes moved (read k, v; write the pool rows)."""
-    from areal_tik_plugin import bench
-
     kv = impl.module("kv_write")
     slots = 65536
     for (model, (_hq, hkv)), T in itertools.product(ROPE_MODELS.items(), KV_T):
@@ -104,32 +111,20 @@ def probe_kv_write(impl, rows):
         copies = [(k, v, loc)] + [(k.clone(), v.clone(), torch.randperm(slots, device="cuda", generator=g)[:T])
                                   for _ in range(stream_copies(nbytes) - 1)]
         combos = [dict()] + [dict(zip(KV_KNOBS, vals)) for vals in itertools.product(*KV_KNOBS.values())]
-        for kn in combos:
-            try:
-                with knob_values(kv, **kn):
-                    kc.zero_()
-                    vc.zero_()
-                    kv.forward(kc, vc, loc, k, v)
-                    torch.cuda.synchronize()
-                    same = _same((kc, vc), ref)
-                    us = bench.time_graph_us(lambda: kv.forward(kc, vc, loc, k, v))
-                    st = bench.time_graph_each_us([lambda k=k_, v=v_, loc=l_: kv.forward(kc, vc, loc, k, v)
-                                                   for k_, v_, l_ in copies])
-                    row = {"op": "kv_write", "model": model, "T": T, "knobs": kn or "default", "us": us,
-                           "hbm_frac_same_buffers": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "streamed_us": st,
-                           "stream_copies": len(copies), "hbm_frac": nbytes / (st * 1e-6) / 1e12 / HBM_TBPS,
-                           "bits_equal_default": same}
-            except Exception as e:
-                row = {"op": "kv_write", "model": model, "T": T, "knobs": kn or "default",
-                       "error": f"{type(e).__name__}: {e}"[:200]}
-            rows.append(row)
-            _print(row)
+
+        def write_fresh():
+            kc.zero_()
+            vc.zero_()
+            kv.forward(kc, vc, loc, k, v)
+            return kc, vc
+
+        _probe(rows, kv, {"op": "kv_write", "model": model, "T": T}, combos, nbytes, ref, run=write_fresh,
+               call=lambda: kv.forward(kc, vc, loc, k, v),
+               copy_calls=[lambda k=k_, v=v_, loc=l_: kv.forward(kc, vc, loc, k, v) for k_, v_, l_ in copies])
         del kc, vc, k, v, copies
 
 
 def probe_logprob(impl, rows):
-    from areal_tik_plugin import bench
-
     lp = impl.module("logprob")
     for T in LOGPROB_T:
         g = torch.Generator(device="cuda").manual_seed(T)
@@ -150,7 +145,7 @@ def probe_logprob(impl, rows):
                     same = _same(out, ref)  # entropy=False: logp and lse (the entropy slot is None)
                     us = bench.time_graph_us(lambda: lp.forward(x, tok, 0.7, entropy=ent), n_inner=3)
                     row = {"op": "logprob", "T": T, "knobs": combo, "us": us,
-                           "hbm_frac": nbytes / (us * 1e-6) / 1e12 / HBM_TBPS, "bits_equal_default": same}
+                           "hbm_frac": _share(nbytes, us), "bits_equal_default": same}
             except Exception as e:
                 row = {"op": "logprob", "T": T, "knobs": combo, "error": f"{type(e).__name__}: {e}"[:200]}
             rows.append(row)
@@ -163,7 +158,8 @@ def _print(row):
     if "error" in row:
         print(f"{row['op']:<8}{shape:<24}{str(row['knobs']):<52} ERROR {row['error']}", flush=True)
     else:
-        print(f"{row['op']:<8}{shape:<24}{str(row['knobs']):<52}{row.get('streamed_us', row['us']):9.1f} us  hbm {row['hbm_frac']:.3f}"
+        us = row.get("streamed_us", row["us"])
+        print(f"{row['op']:<8}{shape:<24}{str(row['knobs']):<52}{us:9.1f} us  hbm {row['hbm_frac']:.3f}"
               f"  bits {'=' if row['bits_equal_default'] else 'DIFFER'}", flush=True)
 
 
