@@ -115,6 +115,20 @@ def fma_outside_libdevice(ptx: str) -> int:
     return len(re.findall(r"\bfma\.rn", ptx))
 
 
+def _with(mod, **knobs):
+    """Run a call with module knobs set, restoring them after."""
+    def run(fn):
+        old = {k: getattr(mod, k) for k in knobs}
+        try:
+            for k, v in knobs.items():
+                setattr(mod, k, v)
+            return fn()
+        finally:
+            for k, v in old.items():
+                setattr(mod, k, v)
+    return run
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--impl", default=os.path.join(os.path.dirname(__file__), "..", "kernels", "tik_v1"))
@@ -213,12 +227,16 @@ def main(argv=None) -> int:
             # without the entropy sums: the max and sum-exp reductions must keep the layout (logp's bits)
             "no entropy": lambda: lp.forward(torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7,
                                              entropy=False),
+            "evict first": lambda: _with(lp, EVICT_FIRST=True)(lambda: lp.forward(
+                torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7)),
             "no entropy fp32": lambda: lp.forward(torch.empty(7, Vn, dtype=torch.float32), torch.zeros(7, dtype=torch.int64),
                                                   0.7, entropy=False),
         }.items():
             for name, c in compile_all(f"logprob V={Vn} {label}", fn):
                 if name == "_logprob_partial_kernel":
                     ttg[label] = reduce_layouts(c.asm["ttgir"])
+                    if label == "evict first" and "evict_first" not in c.asm["ptx"]:
+                        failures.append(f"logprob V={Vn}: EVICT_FIRST compiled without an evict_first load")
         ref = ttg.get("T=1")
         for label, lay in ttg.items():
             if lay != (ref[:2] if label.startswith("no entropy") else ref):  # (max, sum exp[, entropy sum])

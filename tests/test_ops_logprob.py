@@ -119,6 +119,22 @@ def test_autograd_forward_equals_inference_forward():
     assert_bitwise(ops.token_logprobs(x, tok, 0.9), logp, "inference, no entropy")
 
 
+def test_evict_first_knob_same_bits():
+    from areal_tik_plugin.loader import get_implementation
+
+    m = get_implementation().module("logprob")
+    x, tok = make(6, 5000, seed=13)
+    ref = m.forward(x, tok, 0.8)
+    saved = m.EVICT_FIRST
+    try:
+        m.EVICT_FIRST = True
+        out = m.forward(x, tok, 0.8)
+    finally:
+        m.EVICT_FIRST = saved
+    for a, b, name in zip(out, ref, ("logp", "entropy", "lse")):
+        assert_bitwise(a, b, name)
+
+
 def test_kernel_forward_without_entropy():
     """The implementation's forward(entropy=False): no entropy tensor, logp and lse the same bits."""
     from areal_tik_plugin.loader import get_implementation

@@ -95,15 +95,16 @@ def _check_free_knobs(rec):
     m = get_implementation().module("logprob")
     x, tok = _data(N_ACC, seed=2)
     ref = m.forward(x, tok, 1.0)
-    saved = m.MERGE_ROWS
+    saved = m.MERGE_ROWS, m.EVICT_FIRST
     try:
-        for r in (1, 16, 64, 256):
-            m.MERGE_ROWS = r
+        for r, ev in ((1, False), (16, True), (64, False), (256, True)):
+            m.MERGE_ROWS, m.EVICT_FIRST = r, ev
             o = m.forward(x, tok, 1.0)
-            rec.bitwise(f"free_knobs_logp[merge_rows{r}]", o[0], ref[0])
-            rec.bitwise(f"free_knobs_entropy[merge_rows{r}]", o[1], ref[1])
+            tag = f"merge_rows{r}{'/evict_first' if ev else ''}"
+            rec.bitwise(f"free_knobs_logp[{tag}]", o[0], ref[0])
+            rec.bitwise(f"free_knobs_entropy[{tag}]", o[1], ref[1])
     finally:
-        m.MERGE_ROWS = saved
+        m.MERGE_ROWS, m.EVICT_FIRST = saved
 
 
 def _check_graph(rec):

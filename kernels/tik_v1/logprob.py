@@ -35,9 +35,12 @@ from ._rowops import launch
 
 KNOBS = {
     "coupled": {"LOGPROB_VOCAB_CHUNK": C.LOGPROB_VOCAB_CHUNK, "LOGPROB_CHUNK_WARPS": C.LOGPROB_CHUNK_WARPS},
-    "free": {"MERGE_ROWS": (32, 64, 128, 256), "BWD_WARPS": (4, 8)},
+    "free": {"MERGE_ROWS": (32, 64, 128, 256), "BWD_WARPS": (4, 8), "EVICT_FIRST": (False, True)},
 }
 MERGE_ROWS = 128
+# the partial kernel reads each logit once: ask the L2 to evict those lines first (a cache hint; no value
+# changes). Off until the knob probe measures it.
+EVICT_FIRST = False
 BWD_WARPS = 4
 
 
@@ -54,7 +57,7 @@ def _inv_temperature(TEMP, row, row_ok, temp_scalar, PER_ROW_T: tl.constexpr):
 def _logprob_partial_kernel(
     X, TEMP, WS, n_rows, sx, temp_scalar,
     V: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, GROUP: tl.constexpr,
-    PER_ROW_T: tl.constexpr, ENTROPY: tl.constexpr = True, PDL: tl.constexpr = False,
+    PER_ROW_T: tl.constexpr, ENTROPY: tl.constexpr = True, EVICT: tl.constexpr = "", PDL: tl.constexpr = False,
 ):
     pdl_start(PDL)
     row = tl.program_id(0)
@@ -66,7 +69,7 @@ def _logprob_partial_kernel(
     # (SGLang may hand the sampler fp32 copies of the trainer's bf16 logits)
     cols = c * CHUNK + (j // GROUP) * GROUP + j % GROUP
     ok = cols < V
-    x = tl.load(X + row.to(tl.int64) * (sx * VEC) + cols, mask=ok, other=float("-inf"))
+    x = tl.load(X + row.to(tl.int64) * (sx * VEC) + cols, mask=ok, other=float("-inf"), eviction_policy=EVICT)
     s = x.to(tl.float32) * inv
     m = tl.max(s, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
@@ -194,7 +197,7 @@ def forward(logits, tokens, temperature=1.0, entropy=True):
     sx = x.stride(0) // vec
     launch(_logprob_partial_kernel, (T, nc),
         x, temp, ws, T, sx, t_scalar, V=V, NC=nc, CHUNK=chunk, VEC=vec, GROUP=C.LOGPROB_LOAD_GROUP,
-        PER_ROW_T=per_row, ENTROPY=bool(entropy),
+        PER_ROW_T=per_row, ENTROPY=bool(entropy), EVICT="evict_first" if EVICT_FIRST else "",
         **launch_opts(C.LOGPROB_CHUNK_WARPS),
     )
     launch(_logprob_merge_kernel, (_cdiv(T, MERGE_ROWS),),
