@@ -200,6 +200,10 @@ def main(argv=None) -> int:
             torch.empty(9, hkv, D, dtype=bf16), torch.empty(9, hkv, D, dtype=bf16), torch.zeros(5, dtype=torch.int64)))
         compile_all(f"rope.backward {hq}/{hkv}/{D}", lambda: rope.backward(
             torch.empty(5, hq, D, dtype=bf16), torch.empty(5, hkv, D, dtype=bf16), torch.zeros(5, dtype=torch.int32), inv, 1.0))
+        for groups in (False, True):  # token tiles (from TOKEN_TILES_MIN_T tokens): padded heads, head groups
+            compile_all(f"rope token tiles groups={groups} {hq}/{hkv}/{D}", lambda: _with(
+                rope, TOKEN_TILES=True, TOKEN_TILES_MIN_T=1, HEAD_GROUPS=groups)(lambda: rope.forward(
+                    q[:, :hq], q[:, hq:hq + hkv], torch.zeros(5, dtype=torch.int64), inv, 1.0)))
 
     sw = mod("swiglu")
     for I in (768, 8960):

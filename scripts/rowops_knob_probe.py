@@ -33,7 +33,7 @@ from areal_tik_plugin.gpu.suite import bits
 
 ROPE_MODELS = {"qwen2.5-1.5b": (12, 2), "qwen3-4b": (32, 8), "qwen3-30b-a3b": (32, 4)}
 ROPE_T = (4096, 16384)
-ROPE_KNOBS = {"TOKEN_TILE_ELEMS": (1024, 2048, 4096, 8192), "TOKEN_WARPS": (1, 2, 4)}
+ROPE_KNOBS = {"TOKEN_TILE_ELEMS": (2048, 4096, 8192), "TOKEN_WARPS": (2, 4), "HEAD_GROUPS": (False, True)}
 KV_T = (4096, 16384)
 KV_KNOBS = {"TILE_ELEMS": (1024, 2048, 4096, 8192, 16384), "WARPS": (1, 2, 4, 8)}
 LOGPROB_T = (1024, 4096, 16384)

@@ -42,3 +42,26 @@ def test_knobs_sets_and_restores_also_on_error():
             assert mod.A == 3
             raise RuntimeError("inside")
     assert mod.A == 1
+
+
+def test_tbps_and_add_shares_copy_ceiling():
+    """A streamed row's TB/s, its share of HBM and of a same-size copy; rows without a streamed time or a
+    copy time add no copy share."""
+    from areal_tik_plugin.gpu._rowops import HBM_TBPS, add_shares, tbps
+
+    nbytes = 43 * 10 ** 6  # 43 MB: 10 us is 4.3 TB/s
+    row = {"cold_us": 20.0, "graph_us": 8.0, "graph_streamed_us": 10.0, "copy_same_bytes_us": 9.0}
+    bw = tbps(nbytes, row)
+    assert abs(bw["graph_tbps"] - 4.3) < 1e-9 and bw["graph_basis"] == "streamed"
+    assert abs(bw["copy_same_bytes_tbps"] - 43 / 9) < 1e-9 and abs(bw["vs_copy_same_bytes"] - 0.9) < 1e-12
+    ratios = {}
+    add_shares(ratios, bw)
+    assert abs(ratios["hbm_frac_T4096plus_graph"][0] - 4.3 / HBM_TBPS) < 1e-9
+    assert abs(ratios["hbm_frac_T4096plus"][0] - 2.15 / HBM_TBPS) < 1e-9
+    assert ratios["vs_copy_same_bytes_T4096plus_graph"] == [0.9]
+    plain = tbps(nbytes, {"cold_us": 20.0, "graph_us": 8.0})
+    assert "vs_copy_same_bytes" not in plain and plain["graph_basis"] == "same_buffers"
+    add_shares(ratios, plain)
+    assert len(ratios["vs_copy_same_bytes_T4096plus_graph"]) == 1 and len(ratios["hbm_frac_T4096plus"]) == 2
+    add_shares(ratios, None)
+    assert len(ratios["hbm_frac_T4096plus"]) == 2

@@ -212,9 +212,10 @@ def test_rope_kv_write_bad_inputs():
             fn(q.clone().requires_grad_(), k, v, pos, inv, 1.0, kc, vc, loc)
 
 
-@pytest.mark.parametrize("T,Hq,Hkv,D,R", [(1, 12, 2, 128, 128), (13, 5, 3, 64, 64), (9, 2, 2, 96, 48), (33, 4, 0, 64, 64)])
+@pytest.mark.parametrize("T,Hq,Hkv,D,R", [(1, 12, 2, 128, 128), (13, 5, 3, 64, 64), (9, 2, 2, 96, 48), (33, 4, 0, 64, 64),
+                                         (7, 12, 6, 64, 64)])
 def test_token_tile_kernel_same_bits_as_head_block_kernel(monkeypatch, T, Hq, Hkv, D, R):
-    """The two launch layouts (free knob TOKEN_TILES) compute the same bits, forward and backward."""
+    """The launch layouts (free knobs TOKEN_TILES, HEAD_GROUPS) compute the same bits, forward and backward."""
     from areal_tik_plugin.loader import get_implementation
 
     rope = get_implementation().module("rope")
@@ -224,12 +225,14 @@ def test_token_tile_kernel_same_bits_as_head_block_kernel(monkeypatch, T, Hq, Hk
     inv = inv_freq(R)
     out = {}
     monkeypatch.setattr(rope, "TOKEN_TILES_MIN_T", 1)  # token tiles at any T (default: from 1024 tokens)
-    for tiles in (False, True):
+    for tiles, groups in ((False, False), (True, False), (True, True)):
         monkeypatch.setattr(rope, "TOKEN_TILES", tiles)
-        out[tiles] = (rope.forward(q, k, pos, inv, 0.8), rope.backward(q, k, pos, inv, 0.8))
-    for (a, b), name in zip(zip(out[False], out[True]), ("forward", "backward")):
-        assert_bitwise(a[0], b[0], f"{name} q")
-        if Hkv:
-            assert_bitwise(a[1], b[1], f"{name} k")
-        else:
-            assert a[1] is None and b[1] is None
+        monkeypatch.setattr(rope, "HEAD_GROUPS", groups)
+        out[tiles, groups] = (rope.forward(q, k, pos, inv, 0.8), rope.backward(q, k, pos, inv, 0.8))
+    for variant in ((True, False), (True, True)):
+        for (a, b), name in zip(zip(out[False, False], out[variant]), ("forward", "backward")):
+            assert_bitwise(a[0], b[0], f"{name} q {variant}")
+            if Hkv:
+                assert_bitwise(a[1], b[1], f"{name} k {variant}")
+            else:
+                assert a[1] is None and b[1] is None

@@ -83,18 +83,48 @@ def streamed(rec, name, t, nbytes, make_call):
         return t
     n = stream_copies(nbytes)
     t["stream_copies"] = n
-    if n == 1:
-        t["graph_streamed_us"] = t.get("graph_us")
-        return t
     try:
-        fns = [make_call(i) for i in range(n)]
-        for f in fns:
-            f()
-        torch.cuda.synchronize()
-        t["graph_streamed_us"] = bench.time_graph_each_us(fns)
+        if n == 1:
+            t["graph_streamed_us"] = t.get("graph_us")
+        else:
+            fns = [make_call(i) for i in range(n)]
+            for f in fns:
+                f()
+            torch.cuda.synchronize()
+            t["graph_streamed_us"] = bench.time_graph_each_us(fns)
+            del fns
+        t["copy_same_bytes_us"] = copy_same_bytes_us(nbytes)
     except Exception as e:
         rec.errors.append(f"{name} streamed: {type(e).__name__}: {e}"[:300])
     return t
+
+
+_COPY_US: dict = {}
+
+
+def copy_same_bytes_us(nbytes: int) -> float:
+    """Graph time of torch's device copy moving the same bytes as an op's streamed row (nbytes / 2 read,
+    nbytes / 2 written), streamed the same way (``stream_copies(nbytes)`` source / destination pairs, each
+    copied once per replay): what a copy of that size reaches, fixed per-launch cost included. Cached per
+    size."""
+    if nbytes not in _COPY_US:
+        n, elems = stream_copies(nbytes), max(1, nbytes // 4)  # int16: nbytes / 2 bytes each side
+        pairs = [(torch.empty(elems, dtype=torch.int16, device=DEV), torch.empty(elems, dtype=torch.int16, device=DEV))
+                 for _ in range(n)]
+        _COPY_US[nbytes] = bench.time_graph_each_us([lambda s=s, d=d: d.copy_(s) for s, d in pairs])
+    return _COPY_US[nbytes]
+
+
+def add_shares(ratios: dict, bw) -> None:
+    """Append one T >= 4096 row's shares to the op's summary lists: of HBM bandwidth (cold, graph) and,
+    where the row was streamed, of a same-size device copy's bandwidth (graph)."""
+    if not bw:
+        return
+    ratios.setdefault("hbm_frac_T4096plus", []).append(bw["cold_tbps"] / HBM_TBPS)
+    if bw.get("graph_tbps"):
+        ratios.setdefault("hbm_frac_T4096plus_graph", []).append(bw["graph_tbps"] / HBM_TBPS)
+    if bw.get("vs_copy_same_bytes"):
+        ratios.setdefault("vs_copy_same_bytes_T4096plus_graph", []).append(bw["vs_copy_same_bytes"])
 
 
 def copy_of(t, i):
@@ -114,6 +144,9 @@ def tbps(nbytes, t):
         out["graph_basis"] = "streamed" if t.get("graph_streamed_us") else "same_buffers"
     if t.get("graph_us") and t.get("graph_streamed_us"):
         out["graph_same_buffers_tbps"] = nbytes / (t["graph_us"] * 1e-6) / 1e12
+    if t.get("copy_same_bytes_us") and t.get("graph_streamed_us"):
+        out["copy_same_bytes_tbps"] = nbytes / (t["copy_same_bytes_us"] * 1e-6) / 1e12
+        out["vs_copy_same_bytes"] = t["copy_same_bytes_us"] / t["graph_streamed_us"]
     return out
 
 

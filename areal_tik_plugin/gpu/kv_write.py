@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, copy_of, graph_vs_eager, rand, ratio,
-                                          streamed, tbps, timed)
+from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, copy_of, graph_vs_eager,
+                                          rand, ratio, streamed, tbps, timed)
 from areal_tik_plugin.ops import kv_write
 
 SLOTS = 65536
@@ -159,10 +159,8 @@ def run_bench(rec, quick: bool = False) -> None:
             row["vs_torch_cold"], row["vs_torch_graph"] = c, g
             ratios["vs_torch_index_put"].append(c)
             ratios["vs_torch_index_put_graph"].append(g)
-            if bw and T >= 4096:
-                ratios["hbm_frac_T4096plus"].append(bw["cold_tbps"] / HBM_TBPS)
-                if bw.get("graph_tbps"):
-                    ratios["hbm_frac_T4096plus_graph"].append(bw["graph_tbps"] / HBM_TBPS)
+            if T >= 4096:
+                add_shares(ratios, bw)
             rec.bench(f"kv_write[{name}/T{T}]", **row)
     for k, v in ratios.items():
         rec.summarize(k, v)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin import bench
-from areal_tik_plugin.gpu._rowops import DEV, HBM_TBPS, copy_of, graph_vs_eager, rand, ratio, rel_l2, row_slices, \
-    shuffled_rows, streamed, tbps, timed
+from areal_tik_plugin.gpu._rowops import (DEV, HBM_TBPS, add_shares, copy_of, graph_vs_eager, ratio, rel_l2,
+                                          row_slices, shuffled_rows, streamed, tbps, timed)
 from areal_tik_plugin.ops import token_logprobs
 
 VOCAB = 151936
@@ -206,10 +206,8 @@ def run_bench(rec, quick: bool = False) -> None:
         row["vs_areal_cold"], row["vs_areal_graph"] = c, g
         ratios["vs_areal_chunked"].append(c)
         ratios["vs_areal_chunked_graph"].append(g)
-        if bw and T >= 4096:
-            ratios["hbm_frac_T4096plus"].append(bw["cold_tbps"] / HBM_TBPS)
-            if bw.get("graph_tbps"):
-                ratios["hbm_frac_T4096plus_graph"].append(bw["graph_tbps"] / HBM_TBPS)
+        if T >= 4096:
+            add_shares(ratios, bw)
             if bw_ent and bw_ent.get("graph_tbps"):
                 ratios["hbm_frac_T4096plus_graph_with_entropy"].append(bw_ent["graph_tbps"] / HBM_TBPS)
         if T in (1024, 4096):

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, copy_of, graph_vs_eager, liger,
-                                          rand, ratio, rel_l2, row_slices, shuffled_rows, streamed, tbps, timed)
+from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, copy_of, graph_vs_eager,
+                                          liger, rand, ratio, rel_l2, row_slices, shuffled_rows, streamed, tbps,
+                                          timed)
 from areal_tik_plugin.ops import qk_rms_norm, rms_norm, rms_norm_residual
 
 N_FULL = 16384   # rows of the full-sequence call
@@ -198,10 +199,8 @@ def _bench_case(rec, ratios, name, ours_fn, hf_fn, liger_fn, nbytes, T, make_our
         row[f"{key}_cold"], row[f"{key}_graph"] = c, g
         ratios[key].append(c)
         ratios[f"{key}_graph"].append(g)
-    if bw and T >= 4096:
-        ratios["hbm_frac_T4096plus"].append(bw["cold_tbps"] / HBM_TBPS)
-        if bw.get("graph_tbps"):
-            ratios["hbm_frac_T4096plus_graph"].append(bw["graph_tbps"] / HBM_TBPS)
+    if T >= 4096:
+        add_shares(ratios, bw)
     rec.bench(name, **row)
 
 

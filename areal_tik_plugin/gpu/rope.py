@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, copy_of, graph_vs_eager, liger,
-                                          streamed, rand, ratio, rel_l2, row_slices, shuffled_rows, tbps, timed)
+from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, copy_of, graph_vs_eager,
+                                          knobs, liger, rand, ratio, rel_l2, row_slices, shuffled_rows, streamed,
+                                          tbps, timed)
 from areal_tik_plugin.ops import apply_rope, apply_rope_kv_write
 
 N_FULL = 16384   # tokens of the full-sequence call
@@ -96,24 +97,23 @@ def _check_free_knobs(rec, hq, hkv, d, theta):
     pos = _packed_positions(N_ACC, seed=5)
     inv = _inv_freq(d, theta)
     ref = rope.forward(q, k, pos, inv, 1.0)
-    saved = (rope.HEAD_ELEMS, rope.WARPS, rope.TOKEN_TILES, rope.TOKEN_TILE_ELEMS, rope.TOKEN_WARPS,
-             rope.TOKEN_TILES_MIN_T)
-    rope.TOKEN_TILES_MIN_T = 1
-    try:  # both launch layouts: (token, head block) programs and (token tile x all heads) programs
-        for tiles, he, w in ((False, 512, 1), (False, 1024, 2), (False, 4096, 4), (False, 8192, 8),
-                             (True, 2048, 4), (True, 8192, 4), (True, 16384, 8)):
-            rope.TOKEN_TILES = tiles
+    with knobs(rope, TOKEN_TILES_MIN_T=1, TOKEN_TILES=True, HEAD_GROUPS=False, HEAD_ELEMS=rope.HEAD_ELEMS,
+               WARPS=rope.WARPS, TOKEN_TILE_ELEMS=rope.TOKEN_TILE_ELEMS, TOKEN_WARPS=rope.TOKEN_WARPS):
+        # both launch layouts: (token, head block) programs and (token tile x all heads) programs, the
+        # latter with padded head tiles and with power-of-two head groups
+        for tiles, groups, he, w in ((False, False, 512, 1), (False, False, 1024, 2), (False, False, 4096, 4),
+                                     (False, False, 8192, 8), (True, False, 2048, 4), (True, False, 8192, 4),
+                                     (True, False, 16384, 8), (True, True, 2048, 2), (True, True, 4096, 4),
+                                     (True, True, 8192, 8)):
+            rope.TOKEN_TILES, rope.HEAD_GROUPS = tiles, groups
             if tiles:
                 rope.TOKEN_TILE_ELEMS, rope.TOKEN_WARPS = he, w
             else:
                 rope.HEAD_ELEMS, rope.WARPS = he, w
             o = rope.forward(q, k, pos, inv, 1.0)
-            tag = f"h{hq}/{'tok' if tiles else 'head'}/e{he}/w{w}"
+            tag = f"h{hq}/{('groups' if groups else 'tok') if tiles else 'head'}/e{he}/w{w}"
             rec.bitwise(f"free_knobs_q[{tag}]", o[0], ref[0])
             rec.bitwise(f"free_knobs_k[{tag}]", o[1], ref[1])
-    finally:
-        (rope.HEAD_ELEMS, rope.WARPS, rope.TOKEN_TILES, rope.TOKEN_TILE_ELEMS, rope.TOKEN_WARPS,
-         rope.TOKEN_TILES_MIN_T) = saved
 
 
 def _check_graph(rec, hq, hkv, d, theta):
@@ -266,10 +266,8 @@ def run_bench(rec, quick: bool = False) -> None:
                 row[f"{key}_cold"], row[f"{key}_graph"] = c, g
                 ratios[key].append(c)
                 ratios[f"{key}_graph"].append(g)
-            if bw and T >= 4096:
-                ratios["hbm_frac_T4096plus"].append(bw["cold_tbps"] / HBM_TBPS)
-                if bw.get("graph_tbps"):
-                    ratios["hbm_frac_T4096plus_graph"].append(bw["graph_tbps"] / HBM_TBPS)
+            if T >= 4096:
+                add_shares(ratios, bw)
             rec.bench(f"rope[{name}/T{T}]", **row)
     for k, v in ratios.items():
         rec.summarize(k, v)

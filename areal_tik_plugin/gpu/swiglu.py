@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, HBM_TBPS, MODELS, QUICK_BENCH_T, copy_of, graph_vs_eager, liger,
-                                          rand, ratio, rel_l2, row_slices, shuffled_rows, streamed, tbps, timed)
+from areal_tik_plugin.gpu._rowops import (BENCH_T, MODELS, QUICK_BENCH_T, add_shares, copy_of, graph_vs_eager,
+                                          liger, rand, ratio, rel_l2, row_slices, shuffled_rows, streamed, tbps,
+                                          timed)
 from areal_tik_plugin.ops import swiglu, swiglu_fused
 
 N_FULL = 16384   # rows of the full-sequence call
@@ -152,10 +153,8 @@ def run_bench(rec, quick: bool = False) -> None:
                 row[f"{key}_cold"], row[f"{key}_graph"] = c, gr
                 ratios[key].append(c)
                 ratios[f"{key}_graph"].append(gr)
-            if bw and T >= 4096:
-                ratios["hbm_frac_T4096plus"].append(bw["cold_tbps"] / HBM_TBPS)
-                if bw.get("graph_tbps"):
-                    ratios["hbm_frac_T4096plus_graph"].append(bw["graph_tbps"] / HBM_TBPS)
+            if T >= 4096:
+                add_shares(ratios, bw)
             rec.bench(f"swiglu[{name}/T{T}]", **row)
     for k, v in ratios.items():
         rec.summarize(k, v)

@@ -24,7 +24,7 @@ from ._rowops import launch
 
 KNOBS = {"free": {"HEAD_ELEMS": (1024, 2048, 4096), "WARPS": (2, 4, 8), "TOKEN_TILES": (False, True),
                   "TOKEN_TILE_ELEMS": (2048, 4096, 8192), "TOKEN_WARPS": (4, 8),
-                  "TOKEN_TILES_MIN_T": (1, 256, 1024, 4096)}}
+                  "TOKEN_TILES_MIN_T": (1, 256, 1024, 4096), "HEAD_GROUPS": (False, True)}}
 HEAD_ELEMS = 2048   # elements of one program's [BLOCK_HEADS, R/2] half-tile target
 WARPS = 4
 # forward/backward with one program per BLOCK_T tokens x all q and k heads (_rope_tokens_kernel) instead
@@ -40,6 +40,11 @@ TOKEN_TILES = True
 TOKEN_TILES_MIN_T = 1024
 TOKEN_TILE_ELEMS = 2048
 TOKEN_WARPS = 2
+# token tiles over a head count that is not a power of two (Qwen2.5-1.5B: 12 q heads): HEAD_GROUPS rotates
+# the heads in groups of the largest power of two dividing the count (12 -> 3 x 4) instead of one tile
+# padded to the next power of two (12 -> 16, a quarter of the lanes masked); the tile budget
+# TOKEN_TILE_ELEMS then counts real heads. Off until the knob probe measures it.
+HEAD_GROUPS = False
 
 
 @triton.jit
@@ -112,27 +117,29 @@ def _rope_kernel(
 
 
 @triton.jit
-def _rotate_tokens(X, O, tt, t_ok, NH, sxt, sxh, c, s,
+def _rotate_tokens(X, O, tt, t_ok, NH: tl.constexpr, sxt, sxh, c, s,
                    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BH: tl.constexpr,
                    D: tl.constexpr, PASS_BLOCK: tl.constexpr, INTERP: tl.constexpr):
-    """Rotate every head of BLOCK_T tokens: tiles [BLOCK_T, BH, BLOCK_HALF]; c, s [BLOCK_T, BLOCK_HALF]."""
-    heads = tl.arange(0, BH)
+    """Rotate every head of BLOCK_T tokens in tiles [BLOCK_T, BH, BLOCK_HALF], heads [h0, h0 + BH) for h0 =
+    0, BH, .. < NH (BH >= NH: one tile, padded); c, s [BLOCK_T, BLOCK_HALF]."""
     j = tl.arange(0, BLOCK_HALF)
-    rowmask = t_ok[:, None] & (heads < NH)[None, :]
-    mask = rowmask[:, :, None] & (j < HALF)[None, None, :]
-    xrow = X + tt.to(tl.int64)[:, None] * sxt + heads.to(tl.int64)[None, :] * sxh
-    orow = O + (tt.to(tl.int64)[:, None] * NH + heads.to(tl.int64)[None, :]) * D
-    x1 = tl.load(xrow[:, :, None] + j[None, None, :], mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(xrow[:, :, None] + HALF + j[None, None, :], mask=mask, other=0.0).to(tl.float32)
-    o1 = x1 * c[:, None, :] - x2 * s[:, None, :]
-    o2 = x2 * c[:, None, :] + x1 * s[:, None, :]
-    tl.store(orow[:, :, None] + j[None, None, :], to_act(o1, O.dtype.element_ty, INTERP), mask=mask)
-    tl.store(orow[:, :, None] + HALF + j[None, None, :], to_act(o2, O.dtype.element_ty, INTERP), mask=mask)
-    if PASS_BLOCK > 0:  # dims [2*HALF, D) pass through unchanged
-        pj = 2 * HALF + tl.arange(0, PASS_BLOCK)
-        pmask = rowmask[:, :, None] & (pj < D)[None, None, :]
-        xp = tl.load(xrow[:, :, None] + pj[None, None, :], mask=pmask, other=0.0)
-        tl.store(orow[:, :, None] + pj[None, None, :], xp, mask=pmask)
+    for h0 in tl.static_range(0, NH, BH):
+        heads = h0 + tl.arange(0, BH)
+        rowmask = t_ok[:, None] & (heads < NH)[None, :]
+        mask = rowmask[:, :, None] & (j < HALF)[None, None, :]
+        xrow = X + tt.to(tl.int64)[:, None] * sxt + heads.to(tl.int64)[None, :] * sxh
+        orow = O + (tt.to(tl.int64)[:, None] * NH + heads.to(tl.int64)[None, :]) * D
+        x1 = tl.load(xrow[:, :, None] + j[None, None, :], mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(xrow[:, :, None] + HALF + j[None, None, :], mask=mask, other=0.0).to(tl.float32)
+        o1 = x1 * c[:, None, :] - x2 * s[:, None, :]
+        o2 = x2 * c[:, None, :] + x1 * s[:, None, :]
+        tl.store(orow[:, :, None] + j[None, None, :], to_act(o1, O.dtype.element_ty, INTERP), mask=mask)
+        tl.store(orow[:, :, None] + HALF + j[None, None, :], to_act(o2, O.dtype.element_ty, INTERP), mask=mask)
+        if PASS_BLOCK > 0:  # dims [2*HALF, D) pass through unchanged
+            pj = 2 * HALF + tl.arange(0, PASS_BLOCK)
+            pmask = rowmask[:, :, None] & (pj < D)[None, None, :]
+            xp = tl.load(xrow[:, :, None] + pj[None, None, :], mask=pmask, other=0.0)
+            tl.store(orow[:, :, None] + pj[None, None, :], xp, mask=pmask)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -186,9 +193,15 @@ def forward(q, k, positions, inv_freq, attention_scaling=1.0, backward=False):
         return q_out, k_out
     pass_block = _next_pow2(D - 2 * half) if D > 2 * half else 0
     if TOKEN_TILES and T >= TOKEN_TILES_MIN_T:
-        block_half, bq, bk = _next_pow2(half), _next_pow2(hq), (_next_pow2(hkv) if hkv else 1)
+        block_half = _next_pow2(half)
+        if HEAD_GROUPS:  # groups of the largest power of two dividing the head count; budget in real heads
+            bq, bk = hq & -hq, (hkv & -hkv if hkv else 1)
+            per_t = (hq + hkv) * block_half
+        else:
+            bq, bk = _next_pow2(hq), (_next_pow2(hkv) if hkv else 1)
+            per_t = (bq + bk) * block_half
         bt = 1
-        while 2 * bt * (bq + bk) * block_half <= TOKEN_TILE_ELEMS and bt < T:
+        while 2 * bt * per_t <= TOKEN_TILE_ELEMS and bt < T:
             bt *= 2
         launch(_rope_tokens_kernel, (_cdiv(T, bt),),
             q, k_arg, q_out, k_out if k_out is not None else q_out, positions, inv_freq, T,
