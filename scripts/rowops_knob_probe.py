@@ -163,6 +163,19 @@ def _print(row):
               f"  bits {'=' if row['bits_equal_default'] else 'DIFFER'}", flush=True)
 
 
+def _print_best(rows):
+    """One line per (op, shape): the default knobs' share of HBM and the best knob values'."""
+    print("best per shape (share of HBM; default -> best):")
+    shapes: dict = {}
+    for r in rows:
+        if "error" not in r:
+            shapes.setdefault((r["op"], r.get("model", ""), r["T"]), []).append(r)
+    for (op, model, T), rs in shapes.items():
+        dflt = next((r for r in rs if r["knobs"] in ("default", {"entropy": False})), rs[0])
+        best = max(rs, key=lambda r: r["hbm_frac"])
+        print(f"  {op:<8}{model + ' T=' + str(T):<24}{dflt['hbm_frac']:.3f} -> {best['hbm_frac']:.3f} {best['knobs']}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python scripts/rowops_knob_probe.py")
     ap.add_argument("--out", required=True)
@@ -185,6 +198,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "rowops_knob_probe.json"), "w") as f:
         json.dump(res, f, indent=1)
+    _print_best(rows)
     bad = [r for r in rows if r.get("bits_equal_default") is False]
     print(f"{len(rows)} rows, {len(bad)} with bits differing from the default, {res['seconds']:.0f} s")
     return 1 if bad else 0
