@@ -209,15 +209,22 @@ _current: Implementation | None = None
 
 
 def _apply_fast_launch(rowops: types.ModuleType) -> None:
-    """The short launch path (free knob ``_rowops.FAST_LAUNCH``) is off unless ``TIK_FAST_LAUNCH=1``.
+    """``TIK_FAST_LAUNCH=0`` turns the short launch path (free knob ``_rowops.FAST_LAUNCH``) off for this
+    process and its children (e.g. SGLang's scheduler processes); unset or ``1`` keeps the kernels' default.
 
-    Session 16, same kernels (44146d4) on the H200: it cut ``ops.linear``'s host time 69.7 -> 53.6 us, but
-    SGLang's greedy decode (qwen3-4b shape, batch 32, CUDA graphs) ran at 3468 tok/s with it and 6281 tok/s
-    without it (64 / 64 requests bit-identical either way; one run each on two device hosts, whose Python
-    speed differed, so not yet an A/B). Until that is decided, the package runs Triton's own launch path;
-    ``TIK_FAST_LAUNCH=1`` turns the short path on for this process and its children (e.g. SGLang's
-    scheduler processes)."""
-    if os.environ.get("TIK_FAST_LAUNCH", "0") != "1" and hasattr(rowops, "FAST_LAUNCH"):
+    History: session 16 made the path opt-in after SGLang's greedy decode (qwen3-4b shape, batch 32, CUDA
+    graphs) ran at 3468 tok/s with it and 6281 without, one run each on two device hosts. Session 18 ran
+    both on one host in one call (``gpu_integrations.sh sglang-ab``, 64 / 64 bit-identical each): job times
+    0.90 / 1.51 s with the path, 1.17 / 1.08 s without, i.e. the spread between two jobs of one run is larger
+    than any difference between the runs, and the path cuts ``ops.linear``'s host time 69.7 -> 53.6 us in
+    one process. So it is the default again; this switch stays for such A/B runs."""
+    v = os.environ.get("TIK_FAST_LAUNCH")
+    if v in (None, "", "1"):
+        return
+    if v != "0":
+        raise ValueError(f"TIK_FAST_LAUNCH={v!r}: expected '0' (Triton's own launch path) or '1' / unset "
+                         "(the implementation's default)")
+    if hasattr(rowops, "FAST_LAUNCH"):
         rowops.FAST_LAUNCH = False
 
 

@@ -36,15 +36,18 @@ WARPS = 4
 # Session-16 probe (scripts/rowops_knob_probe.py, inputs streamed from HBM): TOKEN_TILE_ELEMS 2048
 # against 8192 at TOKEN_WARPS 2, HBM share at T 4096 / 16384: Qwen2.5-1.5B 0.719 / 0.737 -> 0.713 / 0.759,
 # Qwen3-4B 0.755 / 0.864 -> 0.763 / 0.882, Qwen3-30B-A3B 0.717 / 0.836 -> 0.757 / 0.850.
-TOKEN_TILES = True
-TOKEN_TILES_MIN_T = 1024
-TOKEN_TILE_ELEMS = 2048
-TOKEN_WARPS = 2
-# token tiles over a head count that is not a power of two (Qwen2.5-1.5B: 12 q heads): HEAD_GROUPS rotates
+# Token tiles over a head count that is not a power of two (Qwen2.5-1.5B: 12 q heads): HEAD_GROUPS rotates
 # the heads in groups of the largest power of two dividing the count (12 -> 3 x 4) instead of one tile
 # padded to the next power of two (12 -> 16, a quarter of the lanes masked); the tile budget
-# TOKEN_TILE_ELEMS then counts real heads. Off until the knob probe measures it.
-HEAD_GROUPS = False
+# TOKEN_TILE_ELEMS then counts real heads. Session-18 probe (rowops_knob_probe-tik_v1-97a53e81bbca):
+# Qwen2.5-1.5B at T 4096 / 16384, default (2048, padded) 0.713 / 0.736 of HBM -> 4096 with head groups
+# 0.752 / 0.756 (2048 with head groups: 0.567 / 0.631, one token per program); Qwen3-4B and Qwen3-30B-A3B
+# (power-of-two heads, groups change nothing) 2048 vs 4096 within +-2%, the spread of repeated configs.
+TOKEN_TILES = True
+TOKEN_TILES_MIN_T = 1024
+TOKEN_TILE_ELEMS = 4096
+TOKEN_WARPS = 2
+HEAD_GROUPS = True
 
 
 @triton.jit
