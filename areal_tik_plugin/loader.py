@@ -209,21 +209,22 @@ _current: Implementation | None = None
 
 
 def _apply_fast_launch(rowops: types.ModuleType) -> None:
-    """``TIK_FAST_LAUNCH=0`` turns the short launch path (free knob ``_rowops.FAST_LAUNCH``) off for this
-    process and its children (e.g. SGLang's scheduler processes); unset or ``1`` keeps the kernels' default.
+    """The short launch path (free knob ``_rowops.FAST_LAUNCH``) is off unless ``TIK_FAST_LAUNCH=1`` (for
+    this process and its children, e.g. SGLang's scheduler processes); ``0`` or unset: Triton's own launch
+    path; any other value is refused.
 
-    History: session 16 made the path opt-in after SGLang's greedy decode (qwen3-4b shape, batch 32, CUDA
-    graphs) ran at 3468 tok/s with it and 6281 without, one run each on two device hosts. Session 18 ran
-    both on one host in one call (``gpu_integrations.sh sglang-ab``, 64 / 64 bit-identical each): job times
-    0.90 / 1.51 s with the path, 1.17 / 1.08 s without, i.e. the spread between two jobs of one run is larger
-    than any difference between the runs, and the path cuts ``ops.linear``'s host time 69.7 -> 53.6 us in
-    one process. So it is the default again; this switch stays for such A/B runs."""
+    Why opt-in: it changes host time only (no bit; the suite's ``fast_launch`` checks), and that gain did
+    not hold up. ``ops.linear``'s host time, both paths in one process: 53.6 (short) vs 69.7 us (Triton's)
+    in session 16, 78.8 vs 69.4 us in session 18 on another device host. SGLang's CUDA-graph decode
+    (qwen3-4b shape, batch 32) on one host in one call (``gpu_integrations.sh sglang-ab``, session 18): job
+    times 0.90 / 1.51 s with the path, 1.17 / 1.08 s without, i.e. no difference beyond the spread of two
+    jobs of one run (session 16's 3468 vs 6281 tok/s came from two hosts)."""
     v = os.environ.get("TIK_FAST_LAUNCH")
-    if v in (None, "", "1"):
+    if v == "1":
         return
-    if v != "0":
-        raise ValueError(f"TIK_FAST_LAUNCH={v!r}: expected '0' (Triton's own launch path) or '1' / unset "
-                         "(the implementation's default)")
+    if v not in (None, "", "0"):
+        raise ValueError(f"TIK_FAST_LAUNCH={v!r}: expected '1' (the short launch path) or '0' / unset "
+                         "(Triton's own launch path)")
     if hasattr(rowops, "FAST_LAUNCH"):
         rowops.FAST_LAUNCH = False
 
