@@ -5,7 +5,7 @@
 #   python -m areal_tik_plugin.integrations.areal.gpu_wheels .whl-areal   # areal 1.0.4 + light deps, liger-kernel
 # Usage (device call, carry [".whl", ".whl-areal"]):
 #   bash scripts/gpu_integrations.sh STEP [STEP...]
-# STEPs: sglang | sglang-ab | liger | recompute | verify-full | layer-bench | gemm-sweep | ops-quick | host | search | gsm8k | areal-bits
+# STEPs: sglang | sglang-ab | sglang-profile | liger | recompute | verify-full | layer-bench | gemm-sweep | ops-quick | host | search | gsm8k | areal-bits
 # (ops-quick: contract checks + --quick benchmark grid of TIK_OPS (comma list), a probe, not the evidence call)
 # (search: TIK_DEADLINE_S caps its budget so that TIK_SEARCH_RESERVE_S seconds remain for later steps)
 # (gsm8k: kind nvidia-h200-x2, wheels built with `areal.gpu_wheels .whl-areal --trainer`; not run on a GPU yet;
@@ -45,7 +45,7 @@ for step in "$@"; do
         eager=; [ "${TIK_SGL_EAGER:-0}" = 1 ] && eager="--engine-arg disable_cuda_graph=true"
         timeout "${TIK_SGL_LIMIT:-390}" python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out "$W" --stub-sgl-kernel \
           --shape "${TIK_SGL_SHAPE:-qwen3-4b}" --batch "${TIK_SGL_BATCH:-32}" --new "${TIK_SGL_NEW:-128}" --baselines "${TIK_SGL_BASELINES-triton,torch_native}" \
-          --timeout $(( ${TIK_SGL_LIMIT:-390} - 20 )) $eager >"$W/sglang.log" 2>&1 || rc=1
+          --repeat "${TIK_SGL_REPEAT:-1}" --timeout $(( ${TIK_SGL_LIMIT:-390} - 20 )) $eager >"$W/sglang.log" 2>&1 || rc=1
         grep -E "Error|error:|Traceback" "$W/sglang.log" | head -8; tail -6 "$W/sglang.log"
       else
         rc=1; grep -E "Error|error:|Traceback|stub" "$W/sglang-tiny.log" | tail -12
@@ -55,9 +55,28 @@ for step in "$@"; do
       for fl in 1 0; do
         TIK_FAST_LAUNCH=$fl timeout "${TIK_SGL_LIMIT:-200}" python3 -m areal_tik_plugin.integrations.sglang_gpu_proof \
           --out "$W/fast$fl" --stub-sgl-kernel --shape "${TIK_SGL_SHAPE:-qwen3-4b}" --batch "${TIK_SGL_BATCH:-32}" \
-          --new "${TIK_SGL_NEW:-128}" --baselines "" --timeout $(( ${TIK_SGL_LIMIT:-200} - 20 )) >"$W/sglang-fast$fl.log" 2>&1 || rc=1
+          --new "${TIK_SGL_NEW:-128}" --baselines "" --repeat "${TIK_SGL_REPEAT:-1}" \
+          --timeout $(( ${TIK_SGL_LIMIT:-200} - 20 )) >"$W/sglang-fast$fl.log" 2>&1 || rc=1
         echo "-- TIK_FAST_LAUNCH=$fl"; grep -E "^tik|bitwise|Error|Traceback" "$W/sglang-fast$fl.log" | head -5
       done;;
+    sglang-profile)
+      # where the host time of SGLang's tik decode goes: py-spy (carry its wheel in .whl) samples every process
+      # of the tik-only proof with TIK_SGL_REPEAT (default 6) greedy jobs (not under `timeout`: py-spy attaches
+      # to the Python process; a watchdog ends it after TIK_SGL_LIMIT s); raw stacks + scripts/pyspy_summary.py
+      lim=${TIK_SGL_LIMIT:-200}
+      python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out "$W/prof" --stub-sgl-kernel \
+        --shape "${TIK_SGL_SHAPE:-qwen3-4b}" --batch "${TIK_SGL_BATCH:-32}" --new "${TIK_SGL_NEW:-128}" --baselines "" \
+        --repeat "${TIK_SGL_REPEAT:-6}" --timeout $(( lim - 20 )) >"$W/sglang-profile.log" 2>&1 &
+      pid=$!
+      ( sleep "$lim"; kill "$pid" 2>/dev/null ) & dog=$!
+      PATH=/tmp/site/bin:$PATH py-spy record --subprocesses --nonblocking --rate "${TIK_PYSPY_RATE:-100}" --format raw \
+        -o "$W/pyspy-raw.txt" --pid "$pid" >"$W/pyspy.log" 2>&1 &
+      spy=$!
+      wait "$pid" || rc=1
+      kill "$dog" 2>/dev/null; wait "$spy"
+      grep -E "^tik|bitwise|Error|Traceback" "$W/sglang-profile.log" | head -5; tail -2 "$W/pyspy.log"
+      python3 scripts/pyspy_summary.py "$W/pyspy-raw.txt" --top 30 --json "$W/pyspy-summary.json" >"$W/pyspy-summary.txt" \
+        && head -80 "$W/pyspy-summary.txt" | cut -c1-150;;
     liger)
       python3 -m areal_tik_plugin.gpu --out "$W" --ops rmsnorm,rope,swiglu --quick >"$W/liger.log" 2>&1 || rc=1
       grep -E "^(FAIL|ERROR)|liger" "$W/liger.log" | head -12; tail -5 "$W/liger.log";;

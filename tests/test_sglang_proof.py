@@ -187,3 +187,26 @@ def test_stock_pair_is_not_bitwise_equal(runs):
             k += 1
         if k:
             assert float((torch.tensor(t_lp[:k]) - torch.tensor(s_lp[:k])).abs().max()) < 0.1
+
+
+def test_gpu_proof_script_on_cpu_with_repeats(tmp_path):
+    """The GPU proof script end to end on CPU (tiny Qwen3, real SGLang Engine in a child process): every
+    rollout log-prob bit-identical to the training side, and ``--repeat`` times extra greedy jobs (radix-cached
+    prompts) whose median is reported; ``--repeat 0`` is refused with what was expected."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "areal_tik_plugin.integrations.sglang_gpu_proof", "--out", str(tmp_path),
+           "--device", "cpu", "--shape", "tiny", "--batch", "3", "--prefix", "12", "--new", "3", "--chunk", "48",
+           "--baselines", "", "--timeout", "400", "--model-dir", str(tmp_path / "model")]
+    bad = subprocess.run(cmd + ["--repeat", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--repeat 0: expected a number of greedy jobs >= 1" in bad.stderr
+    out = subprocess.run(cmd + ["--repeat", "2"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    rep = json.loads((tmp_path / "sglang_gpu_proof.json").read_text())
+    assert rep["bitwise_mismatching_requests"] == [] and rep["requests"] == 6
+    tik = rep["backends"]["tik"]
+    assert len(tik["job_seconds"]) == 3 and tik["greedy_repeat_seconds"] == tik["job_seconds"][2:]
+    assert tik["greedy_repeat_median_tokens_per_s"] == 3 * 3 / tik["greedy_repeat_seconds"][0]
+    assert "repeats (cached prompts) median" in out.stdout

@@ -47,6 +47,12 @@ def _prompts(batch, prefix_len, vocab_hi, seed=0):
     return [prefix + [rng.randrange(4, vocab_hi) for _ in range(1 + i % 17)] for i in range(batch)]
 
 
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.integrations.sglang_gpu_proof")
     ap.add_argument("--out", required=True)
@@ -63,9 +69,14 @@ def main(argv=None) -> int:
                     help="seconds for all engines together (each baseline gets what is left, minus --reserve)")
     ap.add_argument("--reserve", type=float, default=90,
                     help="seconds kept for the training-side log-probs after the engines")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="greedy jobs timed per engine (>= 1); repeats after the first run on radix-cached prompts, "
+                         "and their median decode tokens/s is reported next to the first job's")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="extra sglang.Engine argument for every engine, e.g. disable_prefill_cuda_graph=true")
     a = ap.parse_args(argv)
+    if a.repeat < 1:
+        ap.error(f"--repeat {a.repeat}: expected a number of greedy jobs >= 1")
     if a.device == "cpu":  # before anything defines a @triton.jit function
         os.environ["TRITON_INTERPRET"] = "1"
     from areal_tik_plugin.integrations.areal.tiny import SGLANG_TINY, build_model
@@ -81,12 +92,14 @@ def main(argv=None) -> int:
     temps = [(0.6, 0.8, 1.0, 1.2)[i % 4] for i in range(a.batch)]
     sp = lambda t: {"temperature": t, "max_new_tokens": a.new, "ignore_eos": True}  # noqa: E731
     # job 0 warms up (Triton JIT, allocator) on other prompts (no radix hits for the timed jobs) and is
-    # neither timed nor compared; job 1 greedy (timed: tokens/s), job 2 sampled (tik only)
+    # neither timed nor compared; job 1 greedy (timed: tokens/s), job 2 sampled (tik only); then --repeat - 1
+    # more greedy jobs (timed; prompts radix-cached by then)
     warm = {"input_ids": _prompts(a.batch, a.prefix, 100, seed=1),
             "sampling_params": {"temperature": 0.0, "max_new_tokens": min(a.new, 16), "ignore_eos": True}}
-    tik_jobs = [warm, {"input_ids": ids, "sampling_params": sp(0.0)},
-                {"input_ids": ids, "sampling_params": [sp(t) for t in temps]}]
-    bench_jobs = [warm, {"input_ids": ids, "sampling_params": sp(0.0)}]
+    greedy_job = {"input_ids": ids, "sampling_params": sp(0.0)}
+    tik_jobs = [warm, greedy_job, {"input_ids": ids, "sampling_params": [sp(t) for t in temps]}]
+    tik_jobs += [greedy_job] * (a.repeat - 1)
+    bench_jobs = [warm, greedy_job] + [greedy_job] * (a.repeat - 1)
     if a.device == "cuda":
         common = dict(device="cuda", chunked_prefill_size=a.chunk, max_running_requests=a.batch,
                       max_total_tokens=None, mem_fraction_static=0.6, disable_cuda_graph=False,
@@ -147,6 +160,10 @@ def main(argv=None) -> int:
         report["backends"][name] = {"startup_s": eng["startup_s"], "warmup_s": eng["jobs"][0]["seconds"],
                                     "job_seconds": [j["seconds"] for j in eng["jobs"][1:]],
                                     "greedy_tokens_per_s": a.batch * a.new / greedy["seconds"]}
+        reps = [j["seconds"] for j in eng["jobs"][len(eng["jobs"]) - (a.repeat - 1):]] if a.repeat > 1 else []
+        if reps:
+            report["backends"][name]["greedy_repeat_seconds"] = reps
+            report["backends"][name]["greedy_repeat_median_tokens_per_s"] = a.batch * a.new / _median(reps)
         print(f"{name}: startup {eng['startup_s']:.0f} s, warm-up {eng['jobs'][0]['seconds']:.1f} s, "
               f"jobs {[round(j['seconds'], 1) for j in eng['jobs'][1:]]} s", flush=True)
     tik = results[0]
@@ -168,8 +185,10 @@ def main(argv=None) -> int:
         if "error" in b:
             print(f"{name:<14} failed: {b['error'].splitlines()[-1][:200]}")
             continue
+        rep_s = (f"  repeats (cached prompts) median {b['greedy_repeat_median_tokens_per_s']:.0f} tok/s"
+                 if "greedy_repeat_median_tokens_per_s" in b else "")
         print(f"{name:<14} startup {b['startup_s']:.0f} s  greedy decode {b['greedy_tokens_per_s']:.0f} tok/s  "
-              f"jobs {[round(x, 1) for x in b['job_seconds']]} s")
+              f"jobs {[round(x, 2) for x in b['job_seconds']]} s{rep_s}")
     print(f"bitwise: {len(reqs) - len(bad)}/{len(reqs)} requests identical; ops through ours: {report['ops']['ok']} "
           f"(missing {report['ops']['missing']}, other paths {report['ops']['other_paths']})")
     ok = not bad and report["ops"]["ok"]
