@@ -38,6 +38,7 @@ import collections
 import json
 import logging
 import os
+import time
 import types
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,14 @@ REQUIRED_OPS = ("rms_norm", "rms_norm_residual", "apply_rope", "swiglu_fused", "
                 "moe_experts", "kv_write", "attention_extend", "attention_decode", "token_logprobs")
 
 COUNTS: collections.Counter = collections.Counter()
-_STATE = {"active": False, "tp_size": 1, "stats_dir": None, "trace": False}
+_STATE = {"active": False, "tp_size": 1, "stats_dir": None, "trace": False, "last_dump": 0.0, "dumped_keys": None}
+# SGLang's fused-op trace, counted as ``op|backend`` while it is consumed (its list is cleared after each read)
+_TRACE: collections.Counter = collections.Counter()
+# seconds between two stats files of one process (TIK_SGLANG_STATS); a key that is new since the last file is
+# written at once. Session 18's py-spy profile of SGLang's decode (qwen3-4b shape, batch 32): writing the file
+# after every sampler call and re-counting the whole, ever-growing fused-op trace took ~30% of the scheduler's
+# CPU time in its event loop, and the timed jobs slowed as the trace grew (0.64 -> 1.18 s per job).
+STATS_INTERVAL_S = 1.0
 
 
 def is_active() -> bool:
@@ -497,20 +505,37 @@ def activate(model_runner) -> dict:
     return dict(pinned)
 
 
-def stats() -> dict:
-    out = {"pid": os.getpid(), "active": _STATE["active"], "counts": dict(COUNTS), "fused_op_trace": {}}
+def _consume_trace() -> None:
+    """Count SGLang's new fused-op trace records into _TRACE as ``op|backend`` and clear its list (which
+    otherwise grows by every fused-op call: a reader re-counting all of it each step is quadratic)."""
     if _STATE["trace"]:
-        from sglang.kernels.fused_op import get_fused_op_trace
+        from sglang.kernels.fused_op import clear_fused_op_trace, get_fused_op_trace
 
-        agg = collections.Counter(f"{r.op}|{r.backend}" for r in get_fused_op_trace())
-        out["fused_op_trace"] = dict(agg)
-    return out
+        new = get_fused_op_trace()
+        clear_fused_op_trace()
+        _TRACE.update(f"{r.op}|{r.backend}" for r in new)
 
 
-def _maybe_dump_stats():
+def stats() -> dict:
+    """This process's op counters and SGLang's fused-op trace aggregated as ``op|backend`` counts."""
+    _consume_trace()
+    return {"pid": os.getpid(), "active": _STATE["active"], "counts": dict(COUNTS),
+            "fused_op_trace": dict(_TRACE) if _STATE["trace"] else {}}
+
+
+def _maybe_dump_stats(force: bool = False):
+    """Write this process's stats file (``TIK_SGLANG_STATS``): at once when an op counter or an
+    ``op|backend`` pair of the fused-op trace is new since the last file (so every op and every backend that
+    ran is in it), otherwise at most every STATS_INTERVAL_S seconds (the counts may lag by that much)."""
     d = _STATE["stats_dir"]
     if not d:
         return
+    _consume_trace()
+    now = time.monotonic()
+    keys = (len(COUNTS), len(_TRACE))
+    if not force and now - _STATE["last_dump"] < STATS_INTERVAL_S and _STATE["dumped_keys"] == keys:
+        return
+    _STATE["last_dump"], _STATE["dumped_keys"] = now, keys
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, f"stats-{os.getpid()}.json")
     tmp = path + ".tmp"
