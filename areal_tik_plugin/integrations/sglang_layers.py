@@ -28,8 +28,9 @@ top-k, fp8 weights, TP > 1, ...) raises at activation: there is no silent fallba
 kernels once ``tik`` is selected. With another attention backend nothing here is active.
 
 Counters (:data:`COUNTS`) record each routed call; with ``TIK_SGLANG_STATS=DIR`` every scheduler
-process writes ``DIR/stats-<pid>.json`` (counters + SGLang's fused-op trace summary) after each
-sampler call, which ``tik sglang-check`` and the tests read.
+process writes ``DIR/stats-<pid>.json`` (counters + SGLang's fused-op trace summary) from its sampler
+calls: at once when an op or an op|backend pair is new, otherwise at most every ``STATS_INTERVAL_S``
+seconds (the counts may lag by that much). ``tik sglang-check``, the proofs and the tests read it.
 """
 
 from __future__ import annotations
