@@ -45,7 +45,7 @@ for step in "$@"; do
         eager=; [ "${TIK_SGL_EAGER:-0}" = 1 ] && eager="--engine-arg disable_cuda_graph=true"
         timeout "${TIK_SGL_LIMIT:-390}" python3 -m areal_tik_plugin.integrations.sglang_gpu_proof --out "$W" --stub-sgl-kernel \
           --shape "${TIK_SGL_SHAPE:-qwen3-4b}" --batch "${TIK_SGL_BATCH:-32}" --new "${TIK_SGL_NEW:-128}" --baselines "${TIK_SGL_BASELINES-triton,torch_native}" \
-          --repeat "${TIK_SGL_REPEAT:-1}" --timeout $(( ${TIK_SGL_LIMIT:-390} - 20 )) $eager >"$W/sglang.log" 2>&1 || rc=1
+          --repeat "${TIK_SGL_REPEAT:-3}" --timeout $(( ${TIK_SGL_LIMIT:-390} - 20 )) $eager >"$W/sglang.log" 2>&1 || rc=1
         grep -E "Error|error:|Traceback" "$W/sglang.log" | head -8; tail -6 "$W/sglang.log"
       else
         rc=1; grep -E "Error|error:|Traceback|stub" "$W/sglang-tiny.log" | tail -12
@@ -55,7 +55,7 @@ for step in "$@"; do
       for fl in 1 0; do
         TIK_FAST_LAUNCH=$fl timeout "${TIK_SGL_LIMIT:-200}" python3 -m areal_tik_plugin.integrations.sglang_gpu_proof \
           --out "$W/fast$fl" --stub-sgl-kernel --shape "${TIK_SGL_SHAPE:-qwen3-4b}" --batch "${TIK_SGL_BATCH:-32}" \
-          --new "${TIK_SGL_NEW:-128}" --baselines "" --repeat "${TIK_SGL_REPEAT:-1}" \
+          --new "${TIK_SGL_NEW:-128}" --baselines "" --repeat "${TIK_SGL_REPEAT:-3}" \
           --timeout $(( ${TIK_SGL_LIMIT:-200} - 20 )) >"$W/sglang-fast$fl.log" 2>&1 || rc=1
         echo "-- TIK_FAST_LAUNCH=$fl"; grep -E "^tik|bitwise|Error|Traceback" "$W/sglang-fast$fl.log" | head -5
       done;;
