@@ -115,17 +115,13 @@ def fma_outside_libdevice(ptx: str) -> int:
     return len(re.findall(r"\bfma\.rn", ptx))
 
 
-def _with(mod, **knobs):
-    """Run a call with module knobs set, restoring them after."""
+def _with(mod, **values):
+    """A runner of ``fn()`` with module knobs set (``gpu._rowops.knobs``: restored after)."""
+    from areal_tik_plugin.gpu._rowops import knobs
+
     def run(fn):
-        old = {k: getattr(mod, k) for k in knobs}
-        try:
-            for k, v in knobs.items():
-                setattr(mod, k, v)
+        with knobs(mod, **values):
             return fn()
-        finally:
-            for k, v in old.items():
-                setattr(mod, k, v)
     return run
 
 

@@ -159,28 +159,29 @@ def main(argv=None) -> int:
 def _count_launches(layer) -> int:
     """Triton kernel launches in one call of ``layer`` (JITFunction.run calls; the implementation's short
     launch path, which skips ``run`` on a cache hit, is turned off while counting)."""
+    import contextlib
+
     import torch
     import triton.runtime.jit as J
 
+    from areal_tik_plugin.gpu._rowops import knobs
     from areal_tik_plugin.loader import get_implementation
 
     rowops = get_implementation().module("_rowops")
     n = [0]
     run = J.JITFunction.run
-    fast = getattr(rowops, "FAST_LAUNCH", None)
 
     def counting(self, *a, **k):
         n[0] += 1
         return run(self, *a, **k)
 
+    short = knobs(rowops, FAST_LAUNCH=False) if hasattr(rowops, "FAST_LAUNCH") else contextlib.nullcontext()
     J.JITFunction.run = counting
-    rowops.FAST_LAUNCH = False
     try:
-        with torch.no_grad():
+        with short, torch.no_grad():
             layer()
     finally:
         J.JITFunction.run = run
-        rowops.FAST_LAUNCH = fast
     return n[0]
 
 

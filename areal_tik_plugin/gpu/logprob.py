@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin import bench
-from areal_tik_plugin.gpu._rowops import (DEV, HBM_TBPS, add_shares, copy_of, graph_vs_eager, ratio, rel_l2,
+from areal_tik_plugin.gpu._rowops import (DEV, HBM_TBPS, add_shares, copy_of, graph_vs_eager, knobs, ratio, rel_l2,
                                           row_slices, shuffled_rows, streamed, tbps, timed)
 from areal_tik_plugin.ops import token_logprobs
 
@@ -95,16 +95,12 @@ def _check_free_knobs(rec):
     m = get_implementation().module("logprob")
     x, tok = _data(N_ACC, seed=2)
     ref = m.forward(x, tok, 1.0)
-    saved = m.MERGE_ROWS, m.EVICT_FIRST
-    try:
-        for r, ev in ((1, False), (16, True), (64, False), (256, True)):
-            m.MERGE_ROWS, m.EVICT_FIRST = r, ev
+    for r, ev in ((1, False), (16, True), (64, False), (256, True)):
+        with knobs(m, MERGE_ROWS=r, EVICT_FIRST=ev):
             o = m.forward(x, tok, 1.0)
-            tag = f"merge_rows{r}{'/evict_first' if ev else ''}"
-            rec.bitwise(f"free_knobs_logp[{tag}]", o[0], ref[0])
-            rec.bitwise(f"free_knobs_entropy[{tag}]", o[1], ref[1])
-    finally:
-        m.MERGE_ROWS, m.EVICT_FIRST = saved
+        tag = f"merge_rows{r}{'/evict_first' if ev else ''}"
+        rec.bitwise(f"free_knobs_logp[{tag}]", o[0], ref[0])
+        rec.bitwise(f"free_knobs_entropy[{tag}]", o[1], ref[1])
 
 
 def _check_graph(rec):
