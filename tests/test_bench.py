@@ -65,3 +65,7 @@ def test_tbps_and_add_shares_copy_ceiling():
     assert len(ratios["vs_copy_same_bytes_T4096plus_graph"]) == 1 and len(ratios["hbm_frac_T4096plus"]) == 2
     add_shares(ratios, None)
     assert len(ratios["hbm_frac_T4096plus"]) == 2
+    assert not any("T65536" in k for k in ratios)     # no row of the large token count yet
+    add_shares(ratios, bw, 65536)                     # a T=65536 row: in both lists
+    assert len(ratios["hbm_frac_T4096plus_graph"]) == 3 and ratios["vs_copy_same_bytes_T65536_graph"] == [0.9]
+    assert abs(ratios["hbm_frac_T65536_graph"][0] - 1.0) < 1e-9 and len(ratios["hbm_frac_T65536"]) == 1

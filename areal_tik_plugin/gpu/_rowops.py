@@ -20,8 +20,11 @@ MODELS = {
     "qwen3-30b-a3b": dict(hidden=2048, hq=32, hkv=4, d=128, vocab=151936, inter=768, theta=1e6, eps=1e-6),
 }
 CHECK_T = (1, 7, 64, 257, 1024, 4096, 16384)
-BENCH_T = (1, 64, 256, 1024, 4096, 16384)
-QUICK_BENCH_T = (1, 256, 4096, 16384)
+# 65536: one rollout prefill of 64 prompts x 1K tokens (the memory-bound ops' "large token count"; their
+# T=4096 rows move 8-84 MB, where the launch's fixed cost is 7-45% of the time)
+BENCH_T = (1, 64, 256, 1024, 4096, 16384, 65536)
+QUICK_BENCH_T = (1, 256, 4096, 16384, 65536)
+LARGE_T = 65536
 
 
 def rand(*shape, dtype=torch.bfloat16, scale=1.0, seed=0):
@@ -118,16 +121,19 @@ def copy_same_bytes_us(nbytes: int) -> float:
     return _COPY_US[nbytes]
 
 
-def add_shares(ratios: dict, bw) -> None:
+def add_shares(ratios: dict, bw, T: int = 0) -> None:
     """Append one T >= 4096 row's shares to the op's summary lists: of HBM bandwidth (cold, graph) and,
-    where the row was streamed, of a same-size device copy's bandwidth (graph)."""
+    where the row was streamed, of a same-size device copy's bandwidth (graph). Rows of T >= LARGE_T
+    also go to the ``_T65536`` lists (the large-token-count share on its own)."""
     if not bw:
         return
-    ratios.setdefault("hbm_frac_T4096plus", []).append(bw["cold_tbps"] / HBM_TBPS)
-    if bw.get("graph_tbps"):
-        ratios.setdefault("hbm_frac_T4096plus_graph", []).append(bw["graph_tbps"] / HBM_TBPS)
-    if bw.get("vs_copy_same_bytes"):
-        ratios.setdefault("vs_copy_same_bytes_T4096plus_graph", []).append(bw["vs_copy_same_bytes"])
+    tags = ("T4096plus",) + (("T65536",) if T >= LARGE_T else ())
+    for tag in tags:
+        ratios.setdefault(f"hbm_frac_{tag}", []).append(bw["cold_tbps"] / HBM_TBPS)
+        if bw.get("graph_tbps"):
+            ratios.setdefault(f"hbm_frac_{tag}_graph", []).append(bw["graph_tbps"] / HBM_TBPS)
+        if bw.get("vs_copy_same_bytes"):
+            ratios.setdefault(f"vs_copy_same_bytes_{tag}_graph", []).append(bw["vs_copy_same_bytes"])
 
 
 def copy_of(t, i):

@@ -143,17 +143,28 @@ def main(argv=None) -> int:
     ap.add_argument("--current-only", action="store_true",
                     help="time only config_for's choice (and cuBLAS), plus that choice at each --stages value")
     ap.add_argument("--stages", default="", help="with --current-only: comma list of num_stages to try on the choice")
+    ap.add_argument("--chunk-max", type=int, default=0,
+                    help="probe a different coupled split chunk (contract GEMM_SPLIT_CHUNK_MAX, a multiple of "
+                         "GEMM_BLOCK_K) for this run: every configuration, and the reference bits, use it")
     args = ap.parse_args(argv)
     from areal_tik_plugin.loader import get_implementation
 
     impl = get_implementation()
     gemm = impl.module("gemm")
+    contract = impl.module("contract")
+    if args.chunk_max:
+        if args.chunk_max <= 0 or args.chunk_max % contract.GEMM_BLOCK_K:
+            ap.error(f"--chunk-max must be a positive multiple of GEMM_BLOCK_K={contract.GEMM_BLOCK_K}, "
+                     f"got {args.chunk_max}")
+        contract.GEMM_SPLIT_CHUNK_MAX = args.chunk_max
+        gemm._config_for.cache_clear()
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = {k: v for k, v in SHAPES.items() if args.lm_head or k not in LM_HEAD}
     if args.shapes:
         shapes = {k: v for k, v in SHAPES.items() if f"{k[0]}:{k[1]}" in args.shapes.split(",")}
     Ms = [int(x) for x in args.small_m.split(",") if x] + [int(x) for x in args.large_m.split(",") if x]
-    res = {"implementation": impl.name, "source_hash": impl.source_hash, "rows": [], "started": time.time()}
+    res = {"implementation": impl.name, "source_hash": impl.source_hash, "rows": [], "started": time.time(),
+           "split_chunk_max": contract.GEMM_SPLIT_CHUNK_MAX}
     t0 = time.time()
     for (model, layer), (N, K) in shapes.items():
         copies = stream_copies(N * K * 2)

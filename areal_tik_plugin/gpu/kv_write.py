@@ -160,7 +160,7 @@ def run_bench(rec, quick: bool = False) -> None:
             ratios["vs_torch_index_put"].append(c)
             ratios["vs_torch_index_put_graph"].append(g)
             if T >= 4096:
-                add_shares(ratios, bw)
+                add_shares(ratios, bw, T)
             rec.bench(f"kv_write[{name}/T{T}]", **row)
     for k, v in ratios.items():
         rec.summarize(k, v)

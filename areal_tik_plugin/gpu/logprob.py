@@ -203,7 +203,7 @@ def run_bench(rec, quick: bool = False) -> None:
         ratios["vs_areal_chunked"].append(c)
         ratios["vs_areal_chunked_graph"].append(g)
         if T >= 4096:
-            add_shares(ratios, bw)
+            add_shares(ratios, bw, T)
             if bw_ent and bw_ent.get("graph_tbps"):
                 ratios["hbm_frac_T4096plus_graph_with_entropy"].append(bw_ent["graph_tbps"] / HBM_TBPS)
         if T in (1024, 4096):

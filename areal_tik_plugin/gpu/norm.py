@@ -200,7 +200,7 @@ def _bench_case(rec, ratios, name, ours_fn, hf_fn, liger_fn, nbytes, T, make_our
         ratios[key].append(c)
         ratios[f"{key}_graph"].append(g)
     if T >= 4096:
-        add_shares(ratios, bw)
+        add_shares(ratios, bw, T)
     rec.bench(name, **row)
 
 

@@ -267,7 +267,7 @@ def run_bench(rec, quick: bool = False) -> None:
                 ratios[key].append(c)
                 ratios[f"{key}_graph"].append(g)
             if T >= 4096:
-                add_shares(ratios, bw)
+                add_shares(ratios, bw, T)
             rec.bench(f"rope[{name}/T{T}]", **row)
     for k, v in ratios.items():
         rec.summarize(k, v)

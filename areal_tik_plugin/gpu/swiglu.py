@@ -154,7 +154,7 @@ def run_bench(rec, quick: bool = False) -> None:
                 ratios[key].append(c)
                 ratios[f"{key}_graph"].append(gr)
             if T >= 4096:
-                add_shares(ratios, bw)
+                add_shares(ratios, bw, T)
             rec.bench(f"swiglu[{name}/T{T}]", **row)
     for k, v in ratios.items():
         rec.summarize(k, v)
