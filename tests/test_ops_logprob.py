@@ -205,3 +205,34 @@ def test_bad_inputs():
 def test_empty():
     out = ops.token_logprobs(torch.empty(0, 100, dtype=torch.bfloat16), torch.empty(0, dtype=torch.int64))
     assert out.shape == (0,)
+
+
+# ---- EXP2: the base-2 form of the sums (a coupled knob under probe) ------------------------------
+_EXP2_CASES = {
+    "accuracy": lambda: test_accuracy(torch.bfloat16, 17, 10000, 0.7),
+    "accuracy_full_vocab": lambda: test_accuracy(torch.float32, 3, 151936, 1.3),
+    "peaked_and_masked": lambda: test_accuracy_peaked_and_masked_rows(),
+    "per_row_temperature": lambda: test_per_row_temperature_accuracy(),
+    "rows_invariant": lambda: test_rows_invariant(10000),
+    "tensor_temperature": lambda: test_tensor_temperature_equals_float(),
+    "fp32_copy": lambda: test_fp32_copy_of_bf16_logits_same_bits(),
+    "without_entropy": lambda: test_kernel_forward_without_entropy(),
+    "grad": lambda: test_grad(torch.float32, True),
+}
+
+
+@pytest.mark.parametrize("case", list(_EXP2_CASES))
+def test_exp2_knob(monkeypatch, case):
+    """EXP2 on: the same invariance and accuracy as the default form."""
+    monkeypatch.setattr(get_implementation().module("logprob"), "EXP2", True)
+    _EXP2_CASES[case]()
+
+
+def test_exp2_knob_changes_bits(monkeypatch):
+    """The knob reaches the kernels: base-2 sums round differently somewhere in a 10K vocab."""
+    m = get_implementation().module("logprob")
+    x, tok = make(17, 10000, seed=21)
+    ref = m.forward(x, tok, 0.7)
+    monkeypatch.setattr(m, "EXP2", True)
+    out = m.forward(x, tok, 0.7)
+    assert any(not torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(out, ref))

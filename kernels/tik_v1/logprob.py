@@ -9,6 +9,11 @@ The one op that the SGLang sampler patch and the trainer both call. For a row x 
     (M, L, A) = _merge over c = 0, 1, ..., left to right
     lse  = M + log(L);  logp = s[token] - lse;  entropy = log(L) - A / L
 
+With ``EXP2`` (a coupled knob: it changes the bits of every row on every path at once) the same sums run
+in base 2: inv = div_rn(1, T) * log2(e) (one more rounding), exp -> exp2, log -> log2, and
+lse = (M + log2(L)) * ln 2, logp = (s[token] - (M + log2(L))) * ln 2, entropy = (log2(L) - A / L) * ln 2:
+one multiply per element less (tl.exp is exp2 of x * log2(e) on the GPU).
+
 Token invariance: the chunk partials are computed by one program per (row, chunk) with a fixed tile
 (LOGPROB_VOCAB_CHUNK columns, LOGPROB_CHUNK_WARPS warps, loads of LOGPROB_LOAD_GROUP contiguous
 columns whatever the logits dtype) and merged per row by an elementwise loop,
@@ -36,7 +41,10 @@ from ._rowops import launch
 KNOBS = {
     "coupled": {"LOGPROB_VOCAB_CHUNK": C.LOGPROB_VOCAB_CHUNK, "LOGPROB_CHUNK_WARPS": C.LOGPROB_CHUNK_WARPS},
     "free": {"MERGE_ROWS": (32, 64, 128, 256), "BWD_WARPS": (4, 8), "EVICT_FIRST": (False, True)},
+    "probe_coupled": {"EXP2": (False, True)},
 }
+# base-2 sums (see the module docstring): a coupled knob under probe, off
+EXP2 = False
 MERGE_ROWS = 128
 # the partial kernel reads each logit once: ask the L2 to evict those lines first (a cache hint; no value
 # changes). Session-18 probe (rowops_knob_probe-tik_v1-97a53e81bbca, no entropy, MERGE_ROWS 128): share of
@@ -46,12 +54,31 @@ BWD_WARPS = 4
 
 
 @triton.jit
-def _inv_temperature(TEMP, row, row_ok, temp_scalar, PER_ROW_T: tl.constexpr):
+def _inv_temperature(TEMP, row, row_ok, temp_scalar, PER_ROW_T: tl.constexpr, EXP2: tl.constexpr = False):
     if PER_ROW_T:
         t = tl.load(TEMP + row, mask=row_ok, other=1.0).to(tl.float32)
     else:
         t = temp_scalar + tl.zeros_like(row).to(tl.float32)
-    return tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
+    inv = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), t)
+    if EXP2:
+        inv = inv * 1.4426950408889634
+    return inv
+
+
+@triton.jit
+def _exp(x, EXP2: tl.constexpr):
+    if EXP2:
+        return tl.exp2(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _log(x, EXP2: tl.constexpr):
+    if EXP2:
+        return tl.log2(x)
+    else:
+        return tl.log(x)
 
 
 @triton.jit(do_not_specialize=["n_rows", "sx"])
@@ -59,11 +86,12 @@ def _logprob_partial_kernel(
     X, TEMP, WS, n_rows, sx, temp_scalar,
     V: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, GROUP: tl.constexpr,
     PER_ROW_T: tl.constexpr, ENTROPY: tl.constexpr = True, EVICT: tl.constexpr = "", PDL: tl.constexpr = False,
+    EXP2: tl.constexpr = False,
 ):
     pdl_start(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
-    inv = _inv_temperature(TEMP, row + tl.zeros((1,), tl.int32), True, temp_scalar, PER_ROW_T)
+    inv = _inv_temperature(TEMP, row + tl.zeros((1,), tl.int32), True, temp_scalar, PER_ROW_T, EXP2)
     j = tl.arange(0, CHUNK)
     # runs of GROUP contiguous columns: the compiler sees the same contiguity for bf16/fp16/fp32
     # logits, so the register layout and hence the sum tree of a chunk do not depend on the dtype
@@ -74,7 +102,7 @@ def _logprob_partial_kernel(
     s = x.to(tl.float32) * inv
     m = tl.max(s, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    e = tl.exp(s - m_safe)
+    e = _exp(s - m_safe, EXP2)
     l = tl.sum(e, 0)
     base = (row.to(tl.int64) * NC + c) * 4
     tl.store(WS + base, m)
@@ -85,13 +113,13 @@ def _logprob_partial_kernel(
 
 
 @triton.jit
-def _merge(M, L, A, m_c, l_c, a_c, ENTROPY: tl.constexpr = True):
+def _merge(M, L, A, m_c, l_c, a_c, ENTROPY: tl.constexpr = True, EXP2: tl.constexpr = False):
     """(M, L, A) <- (M, L, A) merged with chunk (m_c, l_c, a_c); A is relative to M. Elementwise.
     Without ENTROPY, A is passed through (M and L are the same operations)."""
     M_new = tl.maximum(M, m_c)
     M_safe = tl.where(M_new == float("-inf"), 0.0, M_new)
-    alpha = tl.exp(M - M_safe)
-    beta = tl.exp(m_c - M_safe)
+    alpha = _exp(M - M_safe, EXP2)
+    beta = _exp(m_c - M_safe, EXP2)
     if ENTROPY:
         dM = tl.where(L > 0.0, M - M_safe, 0.0)      # 0 * -inf guards: an empty side adds nothing
         dm = tl.where(l_c > 0.0, m_c - M_safe, 0.0)
@@ -105,6 +133,7 @@ def _logprob_merge_kernel(
     X, TOK, TEMP, WS, LOGP, ENT, LSE, n_rows, sx, temp_scalar,
     V: tl.constexpr, NC: tl.constexpr, VEC: tl.constexpr, BLOCK_R: tl.constexpr,
     PER_ROW_T: tl.constexpr, ENTROPY: tl.constexpr = True, PDL: tl.constexpr = False,
+    EXP2: tl.constexpr = False,
 ):
     pdl_start(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -123,17 +152,22 @@ def _logprob_merge_kernel(
         a_c = A
         if ENTROPY:
             a_c = tl.load(WS + b + 2, mask=ok, other=0.0)
-        M, L, A = _merge(M, L, A, m_c, l_c, a_c, ENTROPY)
-    log_l = tl.log(L)
+        M, L, A = _merge(M, L, A, m_c, l_c, a_c, ENTROPY, EXP2)
+    log_l = _log(L, EXP2)
     lse = M + log_l
-    inv = _inv_temperature(TEMP, rows, ok, temp_scalar, PER_ROW_T)
+    inv = _inv_temperature(TEMP, rows, ok, temp_scalar, PER_ROW_T, EXP2)
     tok = tl.load(TOK + rows, mask=ok, other=0).to(tl.int64)
     tok_ok = (tok >= 0) & (tok < V)
     x_t = tl.load(X + r64 * (sx * VEC) + tok, mask=ok & tok_ok, other=0.0)
     logp = tl.where(tok_ok, x_t.to(tl.float32) * inv - lse, float("nan"))
+    ent = log_l - A / L
+    if EXP2:  # back to natural log units
+        logp = logp * 0.6931471805599453
+        ent = ent * 0.6931471805599453
+        lse = lse * 0.6931471805599453
     tl.store(LOGP + rows, logp, mask=ok)
     if ENTROPY:
-        tl.store(ENT + rows, log_l - A / L, mask=ok)
+        tl.store(ENT + rows, ent, mask=ok)
     tl.store(LSE + rows, lse, mask=ok)
 
 
@@ -198,12 +232,13 @@ def forward(logits, tokens, temperature=1.0, entropy=True):
     sx = x.stride(0) // vec
     launch(_logprob_partial_kernel, (T, nc),
         x, temp, ws, T, sx, t_scalar, V=V, NC=nc, CHUNK=chunk, VEC=vec, GROUP=C.LOGPROB_LOAD_GROUP,
-        PER_ROW_T=per_row, ENTROPY=bool(entropy), EVICT="evict_first" if EVICT_FIRST else "",
+        PER_ROW_T=per_row, ENTROPY=bool(entropy), EVICT="evict_first" if EVICT_FIRST else "", EXP2=bool(EXP2),
         **launch_opts(C.LOGPROB_CHUNK_WARPS),
     )
     launch(_logprob_merge_kernel, (_cdiv(T, MERGE_ROWS),),
         x, tokens, temp, ws, logp, ent if entropy else lse, lse, T, sx, t_scalar,
-        V=V, NC=nc, VEC=vec, BLOCK_R=MERGE_ROWS, PER_ROW_T=per_row, ENTROPY=bool(entropy), **launch_opts(4),
+        V=V, NC=nc, VEC=vec, BLOCK_R=MERGE_ROWS, PER_ROW_T=per_row, ENTROPY=bool(entropy), EXP2=bool(EXP2),
+        **launch_opts(4),
     )
     return logp, ent, lse
 
