@@ -207,7 +207,7 @@ def test_empty():
     assert out.shape == (0,)
 
 
-# ---- EXP2: the base-2 form of the sums (a coupled knob under probe) ------------------------------
+# ---- EXP2 (contract LOGPROB_EXP): the other form of the sums keeps the same invariance and accuracy --
 _EXP2_CASES = {
     "accuracy": lambda: test_accuracy(torch.bfloat16, 17, 10000, 0.7),
     "accuracy_full_vocab": lambda: test_accuracy(torch.float32, 3, 151936, 1.3),
@@ -223,16 +223,18 @@ _EXP2_CASES = {
 
 @pytest.mark.parametrize("case", list(_EXP2_CASES))
 def test_exp2_knob(monkeypatch, case):
-    """EXP2 on: the same invariance and accuracy as the default form."""
-    monkeypatch.setattr(get_implementation().module("logprob"), "EXP2", True)
+    """EXP2 flipped from the contract's value: the same invariance and accuracy as the default form."""
+    m = get_implementation().module("logprob")
+    monkeypatch.setattr(m, "EXP2", not m.EXP2)
     _EXP2_CASES[case]()
 
 
 def test_exp2_knob_changes_bits(monkeypatch):
-    """The knob reaches the kernels: base-2 sums round differently somewhere in a 10K vocab."""
+    """The knob reaches the kernels: base-2 and natural sums round differently somewhere in a 10K vocab."""
     m = get_implementation().module("logprob")
+    assert m.EXP2 is (get_implementation().contract.LOGPROB_EXP == "exp2")
     x, tok = make(17, 10000, seed=21)
     ref = m.forward(x, tok, 0.7)
-    monkeypatch.setattr(m, "EXP2", True)
+    monkeypatch.setattr(m, "EXP2", not m.EXP2)
     out = m.forward(x, tok, 0.7)
     assert any(not torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(out, ref))

@@ -9,7 +9,7 @@ The one op that the SGLang sampler patch and the trainer both call. For a row x 
     (M, L, A) = _merge over c = 0, 1, ..., left to right
     lse  = M + log(L);  logp = s[token] - lse;  entropy = log(L) - A / L
 
-With ``EXP2`` (a coupled knob: it changes the bits of every row on every path at once) the same sums run
+With ``EXP2`` (contract ``LOGPROB_EXP = "exp2"``, coupled: the bits of every row on every path at once) the sums run
 in base 2: inv = div_rn(1, T) * log2(e) (one more rounding), exp -> exp2, log -> log2, and
 lse = (M + log2(L)) * ln 2, logp = (s[token] - (M + log2(L))) * ln 2, entropy = (log2(L) - A / L) * ln 2:
 one multiply per element less (tl.exp is exp2 of x * log2(e) on the GPU).
@@ -41,10 +41,13 @@ from ._rowops import launch
 KNOBS = {
     "coupled": {"LOGPROB_VOCAB_CHUNK": C.LOGPROB_VOCAB_CHUNK, "LOGPROB_CHUNK_WARPS": C.LOGPROB_CHUNK_WARPS},
     "free": {"MERGE_ROWS": (32, 64, 128, 256), "BWD_WARPS": (4, 8), "EVICT_FIRST": (False, True)},
-    "probe_coupled": {"EXP2": (False, True)},
+    "coupled_exp": {"EXP2": (False, True)},
 }
-# base-2 sums (see the module docstring): a coupled knob under probe, off
-EXP2 = False
+# base-2 sums (see the module docstring; contract LOGPROB_EXP): coupled, changes the bits of every row on
+# every path at once. Session-18 probe (rowops_knob_probe-tik_v1-0e693b94a885, 3 interleaved rounds, medians):
+# share of HBM at T 1024 / 4096 / 16384 0.730 / 0.827 / 0.804 -> 0.806 / 0.907 / 0.888 (with the entropy 0.59-0.65
+# -> 0.70-0.78); logp max |err| vs fp64 2.3-2.7e-6 -> 3.6-3.8e-6.
+EXP2 = C.LOGPROB_EXP == "exp2"
 MERGE_ROWS = 128
 # the partial kernel reads each logit once: ask the L2 to evict those lines first (a cache hint; no value
 # changes). Session-18 probe (rowops_knob_probe-tik_v1-97a53e81bbca, no entropy, MERGE_ROWS 128): share of
