@@ -15,7 +15,9 @@ from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, a
                                           rand, ratio, streamed, tbps, timed)
 from areal_tik_plugin.ops import kv_write
 
-SLOTS = 65536
+# pool slots (slot 0 is SGLang's padding slot, never written): room for the largest bench T (65536) at
+# distinct random slots; 65536 slots left the T=65536 rows one slot short (session 18 evidence, not measured)
+SLOTS = 1 << 18
 COPY_T = (1, 7, 257, 4096, 16384)
 N_KNOB = 1024
 
@@ -26,6 +28,8 @@ def _pool(hkv, d, dtype=torch.bfloat16, seed=0):
 
 
 def _loc(T, seed=0):
+    if T > SLOTS - 1:
+        raise ValueError(f"kv_write bench: T={T} tokens need T distinct pool slots, the pool has {SLOTS - 1}")
     g = torch.Generator(device="cpu").manual_seed(seed)
     return (torch.randperm(SLOTS - 1, generator=g)[:T] + 1).to(DEV)
 
