@@ -1,0 +1,127 @@
+"""GPU probe: where does the decode-sized GEMM lose at M=64 on the narrow split weights?
+
+The session-15..18 sweeps found Qwen3-4B ``o`` (N 2560, K 4096) at 9.2-10.5 us for M = 1..16 (cuBLAS
+10.5-10.7) but 12.1-12.7 us at M = 64 (cuBLAS 9.8), and no tile, stage, loop-form or split-chunk choice
+that follows a model there. This probe separates the parts of the M=64 configuration's work, each timed
+with the weights streamed from HBM (one call per weight copy, as in the sweeps):
+
+* ``m64``: M=64 rows through the M=64 configuration (what decode at batch 64 runs);
+* ``m1_in_m64_tile``: M=1 through the same configuration (BLOCK_M 64, same BLOCK_N / stages / path): the
+  x rows past M are masked, so no activation bytes move, but the tile's MMA work is the same;
+* ``m16_in_m64_tile``: 16 real rows in the 64-row tile (a quarter of the activation bytes);
+* ``m64_as_m16_tiles`` / ``m64_as_m32_tiles``: M=64 through the M=16 / M=32 configurations (4 / 2 row
+  tiles: the weights are read 4 / 2 times, from L2 after the first);
+* ``cublas_m1`` / ``cublas_m64``.
+
+Reading: if ``m1_in_m64_tile`` is near M=1's time, the 64-row tile's MMA and shared-memory work is free and
+the activation traffic costs the difference; if it is near ``m64``, the tile work itself is the cost.
+Every output row is compared bit for bit with the same row computed alone (M=1, default configuration):
+token invariance holds for every configuration, so a mismatch is a bug and is reported.
+
+    python scripts/gemm_m64_probe.py --out DIR [--shapes qwen3-4b:o,qwen3-4b:down,qwen3-30b-a3b:o]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+SHAPES = {
+    "qwen3-4b:o": (2560, 4096),
+    "qwen3-4b:down": (2560, 9728),
+    "qwen3-30b-a3b:o": (2048, 4096),
+    "qwen3-8b:o": (4096, 4096),
+    "qwen2.5-1.5b:down": (1536, 8960),
+}
+
+
+def variants(gemm, N: int, K: int, n_sms: int) -> dict:
+    """(rows M, configuration) per variant name; configurations from the implementation's own rule."""
+    c64 = gemm.config_for(64, N, K, n_sms)
+    return {
+        "m64": (64, c64),
+        "m1_in_m64_tile": (1, c64),
+        "m16_in_m64_tile": (16, c64),
+        "m64_as_m16_tiles": (64, gemm.config_for(16, N, K, n_sms)),
+        "m64_as_m32_tiles": (64, gemm.config_for(32, N, K, n_sms)),
+    }
+
+
+def parse_shapes(text: str) -> dict:
+    names = [s for s in text.split(",") if s]
+    bad = [s for s in names if s not in SHAPES]
+    if bad or not names:
+        raise ValueError(f"--shapes: expected a comma list of {sorted(SHAPES)}, got {text!r}")
+    return {s: SHAPES[s] for s in names}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python scripts/gemm_m64_probe.py")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="qwen3-4b:o,qwen3-4b:down,qwen3-30b-a3b:o")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (>= 1); medians reported")
+    args = ap.parse_args(argv)
+    try:
+        shapes = parse_shapes(args.shapes)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: expected >= 1")
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+
+    if not torch.cuda.is_available():
+        print("gemm_m64_probe: needs a CUDA device", file=sys.stderr)
+        return 2
+    from areal_tik_plugin import bench
+    from areal_tik_plugin.gpu._rowops import stream_copies
+    from areal_tik_plugin.gpu.suite import bits
+    from areal_tik_plugin.loader import get_implementation
+
+    impl = get_implementation()
+    gemm = impl.module("gemm")
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = {"implementation": impl.name, "source_hash": impl.source_hash, "rows": [], "started": time.time()}
+    for name, (N, K) in shapes.items():
+        ws = [(torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16) for _ in range(stream_copies(N * K * 2))]
+        x = torch.randn(64, K, device="cuda", dtype=torch.bfloat16)
+        alone = torch.stack([bits(gemm.linear(x[i:i + 1], ws[0]))[0] for i in range(64)])
+        calls = variants(gemm, N, K, n_sms)
+        row = {"shape": name, "N": N, "K": K, "configs": {}, "mismatch": [], "us": {}}
+        for v, (m, c) in calls.items():
+            row["configs"][v] = c["name"] + f"_s{c['num_stages']}"
+            y = gemm.linear(x[:m], ws[0], config=c)
+            torch.cuda.synchronize()
+            if not torch.equal(bits(y), alone[:m]):
+                row["mismatch"].append(v)
+        timed = {v: [lambda w=w, m=m, c=c: gemm.linear(x[:m], w, config=c) for w in ws]
+                 for v, (m, c) in calls.items()}
+        timed["cublas_m1"] = [lambda w=w: F.linear(x[:1], w) for w in ws]
+        timed["cublas_m64"] = [lambda w=w: F.linear(x, w) for w in ws]
+        samples = {v: [] for v in timed}
+        for _ in range(args.rounds):
+            for v, fns in timed.items():
+                samples[v].append(bench.time_graph_each_us(fns, rounds=20))
+        row["us"] = {v: statistics.median(s) for v, s in samples.items()}
+        row["samples_us"] = samples
+        res["rows"].append(row)
+        print(f"{name:<18} " + "  ".join(f"{v} {u:.1f}" for v, u in row["us"].items())
+              + f"  mismatches {row['mismatch'] or 0}", flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    res["seconds"] = time.time() - res["started"]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gemm_m64_probe.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    bad = sum(len(r["mismatch"]) for r in res["rows"])
+    print(f"{len(res['rows'])} shapes, {bad} mismatching variants, {res['seconds']:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

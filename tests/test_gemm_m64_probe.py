@@ -1,0 +1,41 @@
+"""scripts/gemm_m64_probe.py on the CPU: its variants come from the implementation's own configuration rule
+(no GPU needed to build them), and bad --shapes are refused with what was expected."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from areal_tik_plugin.loader import get_implementation
+
+
+def _probe():
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "gemm_m64_probe.py")
+    spec = importlib.util.spec_from_file_location("gemm_m64_probe", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_variants_follow_the_rule():
+    probe = _probe()
+    gemm = get_implementation().module("gemm")
+    N, K = probe.SHAPES["qwen3-4b:o"]
+    v = probe.variants(gemm, N, K, 132)
+    assert v["m64"] == (64, gemm.config_for(64, N, K, 132))
+    assert v["m1_in_m64_tile"][1] == v["m64"][1] and v["m1_in_m64_tile"][0] == 1  # same tile, no x rows
+    assert v["m16_in_m64_tile"] == (16, v["m64"][1])
+    assert v["m64_as_m16_tiles"][1]["BLOCK_M"] == 16 and v["m64_as_m32_tiles"][1]["BLOCK_M"] == 32
+    assert v["m64"][1]["BLOCK_M"] == 64
+
+
+def test_bad_arguments():
+    probe = _probe()
+    with pytest.raises(ValueError, match="comma list of"):
+        probe.parse_shapes("qwen3-4b:o,nope")
+    with pytest.raises(ValueError):
+        probe.parse_shapes("")
+    with pytest.raises(SystemExit):
+        probe.main(["--out", "/tmp/unused", "--rounds", "0"])
