@@ -231,20 +231,20 @@ def main(argv=None) -> int:
                 torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7)),
             "no entropy fp32": lambda: lp.forward(torch.empty(7, Vn, dtype=torch.float32), torch.zeros(7, dtype=torch.int64),
                                                   0.7, entropy=False),
-            # the base-2 form (coupled knob EXP2): one multiply per element less than "no entropy"
-            "no entropy exp2": lambda: _with(lp, EXP2=True)(lambda: lp.forward(
+            # the natural-exp form (contract LOGPROB_EXP "exp"; "exp2" is one multiply per element less)
+            "no entropy exp": lambda: _with(lp, EXP2=False)(lambda: lp.forward(
                 torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7, entropy=False)),
         }.items():
             for name, c in compile_all(f"logprob V={Vn} {label}", fn):
                 if name == "_logprob_partial_kernel":
                     ttg[label] = reduce_layouts(c.asm["ttgir"])
-                    if label in ("no entropy", "no entropy exp2"):
+                    if label in ("T=1", "no entropy", "no entropy exp"):  # per-element instruction counts
                         ptx = c.asm["ptx"]
                         import collections
                         import re
 
                         ops = dict(collections.Counter(m.group(1) for m in re.finditer(
-                            r"^\s*((?:mul|fma|sub|add|max|ex2|cvt|shl|prmt|neg|mov)\.[\w.]+)", ptx, re.M)))
+                            r"^\s*((?:mul|fma|sub|add|max|ex2|cvt|shl|prmt|neg|mov|setp|selp|and|or)\.[\w.]+)", ptx, re.M)))
                         print(f"logprob V={Vn} {label}: partial kernel PTX {ops}")
                     if label == "evict first" and "evict_first" not in c.asm["ptx"]:
                         failures.append(f"logprob V={Vn}: EVICT_FIRST compiled without an evict_first load")

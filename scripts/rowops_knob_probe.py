@@ -38,9 +38,10 @@ KV_T = (4096, 16384)
 KV_KNOBS = {"TILE_ELEMS": (1024, 2048, 4096, 8192, 16384), "WARPS": (1, 2, 4, 8)}
 LOGPROB_T = (1024, 4096, 16384)
 LOGPROB_KNOBS = {"MERGE_ROWS": (64, 128, 256), "EVICT_FIRST": (False, True)}
-# --logprob-exp2: the coupled EXP2 knob (base-2 sums; changes bits by design) against the default, both with
-# and without the entropy, interleaved over --rounds rounds; each row also carries logp's largest error
-# against an fp64 log_softmax on the first LOGPROB_ACC_ROWS rows
+# --logprob-ab KNOB: a log-prob knob off against on (EXP2, the coupled base-2 sums, changes bits by design;
+# SELECT_FREE, a free knob, must not), with and without the entropy, interleaved over --rounds rounds; each
+# row also carries logp's largest error against an fp64 log_softmax on the first LOGPROB_ACC_ROWS rows
+LOGPROB_AB = {"EXP2": "coupled", "SELECT_FREE": "free"}
 LOGPROB_ACC_ROWS = 64
 VOCAB = 151936
 
@@ -128,7 +129,7 @@ def probe_kv_write(impl, rows):
         del kc, vc, k, v, copies
 
 
-def probe_logprob(impl, rows, exp2=False, rounds=1):
+def probe_logprob(impl, rows, ab=None, rounds=1):
     lp = impl.module("logprob")
     for T in LOGPROB_T:
         g = torch.Generator(device="cuda").manual_seed(T)
@@ -138,8 +139,8 @@ def probe_logprob(impl, rows, exp2=False, rounds=1):
         ref = lp.forward(x, tok, 0.7)
         n_acc = min(T, LOGPROB_ACC_ROWS)
         ref64 = torch.log_softmax(x[:n_acc].double() / 0.7, -1).gather(-1, tok[:n_acc, None])[:, 0]
-        if exp2:
-            combos = [dict(entropy=e, EXP2=b) for _ in range(rounds) for b in (False, True) for e in (False, True)]
+        if ab:
+            combos = [{"entropy": e, ab: b} for _ in range(rounds) for b in (False, True) for e in (False, True)]
         else:
             combos = [dict(entropy=e) for e in (True, False)]
             combos += [dict(kn, entropy=False) for kn in
@@ -186,23 +187,30 @@ def _print_best(rows):
         print(f"  {op:<8}{model + ' T=' + str(T):<24}{dflt['hbm_frac']:.3f} -> {best['hbm_frac']:.3f} {best['knobs']}")
 
 
-def _print_exp2(rows):
-    """Median HBM share per (T, entropy) of EXP2 off / on over the rounds, and logp's largest error."""
+def unexpected_mismatches(rows, coupled_now):
+    """Rows whose output differs from the default's although no coupled knob (``coupled_now``: name ->
+    the module's current value) was moved away from its current value: a free knob that changed bits."""
+    return [r for r in rows if r.get("bits_equal_default") is False
+            and not (isinstance(r["knobs"], dict) and any(r["knobs"].get(k, v) != v for k, v in coupled_now.items()))]
+
+
+def _print_ab(rows, ab):
+    """Median HBM share per (T, entropy) of knob ``ab`` off / on over the rounds, and logp's largest error."""
     import statistics
 
-    print("log-prob EXP2 (median share of HBM over the rounds; logp max |err| vs fp64):")
+    print(f"log-prob {ab} (median share of HBM over the rounds; logp max |err| vs fp64):")
     for T in LOGPROB_T:
         for ent in (False, True):
             cell = {}
             for b in (False, True):
                 rs = [r for r in rows if r["op"] == "logprob" and r["T"] == T and "error" not in r
-                      and r["knobs"].get("EXP2") is b and r["knobs"]["entropy"] is ent]
+                      and r["knobs"].get(ab) is b and r["knobs"]["entropy"] is ent]
                 if rs:
                     cell[b] = (statistics.median(r["hbm_frac"] for r in rs), max(r["logp_max_abs_err"] for r in rs),
                                len(rs))
             if len(cell) == 2:
                 (f0, e0, n), (f1, e1, _) = cell[False], cell[True]
-                print(f"  T={T:<6} entropy={str(ent):<6} default {f0:.3f} (err {e0:.1e})  EXP2 {f1:.3f} "
+                print(f"  T={T:<6} entropy={str(ent):<6} off {f0:.3f} (err {e0:.1e})  {ab} {f1:.3f} "
                       f"(err {e1:.1e})  x{f1 / f0:.3f}  [{n} rounds]")
 
 
@@ -210,12 +218,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python scripts/rowops_knob_probe.py")
     ap.add_argument("--out", required=True)
     ap.add_argument("--ops", default="rope,kv_write,logprob")
-    ap.add_argument("--logprob-exp2", action="store_true",
-                    help="log-prob: the coupled EXP2 knob against the default (bits differ by design)")
-    ap.add_argument("--rounds", type=int, default=3, help="with --logprob-exp2: interleaved rounds (>= 1)")
+    ap.add_argument("--logprob-ab", default="", metavar="KNOB",
+                    help=f"log-prob: KNOB off against on, one of {sorted(LOGPROB_AB)} (EXP2 changes bits by design)")
+    ap.add_argument("--logprob-exp2", action="store_true", help="= --logprob-ab EXP2")
+    ap.add_argument("--rounds", type=int, default=3, help="with --logprob-ab: interleaved rounds (>= 1)")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: expected >= 1")
+    ab = "EXP2" if args.logprob_exp2 else args.logprob_ab
+    if ab and ab not in LOGPROB_AB:
+        ap.error(f"--logprob-ab {ab!r}: expected one of {sorted(LOGPROB_AB)}")
     from areal_tik_plugin.loader import get_implementation
 
     impl = get_implementation()
@@ -227,17 +239,19 @@ def main(argv=None) -> int:
     if "kv_write" in ops:
         probe_kv_write(impl, rows)
     if "logprob" in ops:
-        probe_logprob(impl, rows, exp2=args.logprob_exp2, rounds=args.rounds)
+        probe_logprob(impl, rows, ab=ab or None, rounds=args.rounds)
     res = {"implementation": impl.name, "source_hash": impl.source_hash, "argv": sys.argv, "rows": rows,
            "seconds": time.time() - t0}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "rowops_knob_probe.json"), "w") as f:
         json.dump(res, f, indent=1)
-    if args.logprob_exp2:
-        _print_exp2(rows)
+    if ab:
+        _print_ab(rows, ab)
     _print_best(rows)
-    # EXP2 rows differ from the default by design (a coupled knob); every other row must not
-    bad = [r for r in rows if r.get("bits_equal_default") is False and not r["knobs"].get("EXP2")]
+    # rows with a coupled knob set differ from the default by design; every other row must not
+    lp = impl.module("logprob")
+    bad = unexpected_mismatches(rows, {k: getattr(lp, k) for k, kind in LOGPROB_AB.items()
+                                       if kind == "coupled" and hasattr(lp, k)})
     print(f"{len(rows)} rows, {len(bad)} with bits differing from the default, {res['seconds']:.0f} s")
     return 1 if bad else 0
 
