@@ -3,20 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 
 from areal_tik_plugin.loader import get_implementation
 
+from ._scripts import load_script
+
 
 def _probe():
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "gemm_m64_probe.py")
-    spec = importlib.util.spec_from_file_location("gemm_m64_probe", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gemm_m64_probe")
 
 
 def test_variants_follow_the_rule():

@@ -4,17 +4,11 @@ clear error (exit 2)."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from ._scripts import load_script
 
 
 def _mod():
-    spec = importlib.util.spec_from_file_location("pyspy_summary", ROOT / "scripts" / "pyspy_summary.py")
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
+    return load_script("pyspy_summary")
 
 
 RAW = """process 10:"python -m proof";process 11:"python -m sched";event_loop (/x/site-packages/sglang/srt/managers/scheduler.py:900);forward (/work/main/areal_tik_plugin/ops/attention.py:50);launch (/work/main/kernels/tik_v1/_rowops.py:150) 30

@@ -4,16 +4,11 @@ A/B summary's medians."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
+from ._scripts import load_script
 
 
 def _probe():
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "rowops_knob_probe.py")
-    spec = importlib.util.spec_from_file_location("rowops_knob_probe", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("rowops_knob_probe")
 
 
 def _row(knobs, same, frac=0.8, T=1024):
