@@ -17,6 +17,7 @@ Usage: ``python scripts/compile_rowops_sm90.py [--impl kernels/tik_v1] [--quick]
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import sys
@@ -240,9 +241,6 @@ def main(argv=None) -> int:
                     ttg[label] = reduce_layouts(c.asm["ttgir"])
                     if label in ("T=1", "no entropy", "no entropy exp"):  # per-element instruction counts
                         ptx = c.asm["ptx"]
-                        import collections
-                        import re
-
                         ops = dict(collections.Counter(m.group(1) for m in re.finditer(
                             r"^\s*((?:mul|fma|sub|add|max|ex2|cvt|shl|prmt|neg|mov|setp|selp|and|or)\.[\w.]+)", ptx, re.M)))
                         print(f"logprob V={Vn} {label}: partial kernel PTX {ops}")

@@ -22,6 +22,7 @@ import argparse
 import itertools
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -196,8 +197,6 @@ def unexpected_mismatches(rows, coupled_now):
 
 def _print_ab(rows, ab):
     """Median HBM share per (T, entropy) of knob ``ab`` off / on over the rounds, and logp's largest error."""
-    import statistics
-
     print(f"log-prob {ab} (median share of HBM over the rounds; logp max |err| vs fp64):")
     for T in LOGPROB_T:
         for ent in (False, True):

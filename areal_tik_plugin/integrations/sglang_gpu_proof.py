@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -45,12 +46,6 @@ def _prompts(batch, prefix_len, vocab_hi, seed=0):
     rng = random.Random(seed)
     prefix = [rng.randrange(4, vocab_hi) for _ in range(prefix_len)]
     return [prefix + [rng.randrange(4, vocab_hi) for _ in range(1 + i % 17)] for i in range(batch)]
-
-
-def _median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def main(argv=None) -> int:
@@ -163,7 +158,7 @@ def main(argv=None) -> int:
         reps = [j["seconds"] for j in eng["jobs"][len(eng["jobs"]) - (a.repeat - 1):]] if a.repeat > 1 else []
         if reps:
             report["backends"][name]["greedy_repeat_seconds"] = reps
-            report["backends"][name]["greedy_repeat_median_tokens_per_s"] = a.batch * a.new / _median(reps)
+            report["backends"][name]["greedy_repeat_median_tokens_per_s"] = a.batch * a.new / statistics.median(reps)
         print(f"{name}: startup {eng['startup_s']:.0f} s, warm-up {eng['jobs'][0]['seconds']:.1f} s, "
               f"jobs {[round(j['seconds'], 1) for j in eng['jobs'][1:]]} s", flush=True)
     tik = results[0]
