@@ -232,6 +232,9 @@ def main(argv=None) -> int:
                 torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7)),
             "no entropy fp32": lambda: lp.forward(torch.empty(7, Vn, dtype=torch.float32), torch.zeros(7, dtype=torch.int64),
                                                   0.7, entropy=False),
+            # the entropy sum without the per-element select (free knob SELECT_FREE): 32 setp + 32 selp -> 32 max
+            "entropy select-free": lambda: _with(lp, SELECT_FREE=True)(lambda: lp.forward(
+                torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7)),
             # the natural-exp form (contract LOGPROB_EXP "exp"; "exp2" is one multiply per element less)
             "no entropy exp": lambda: _with(lp, EXP2=False)(lambda: lp.forward(
                 torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7, entropy=False)),
@@ -239,7 +242,7 @@ def main(argv=None) -> int:
             for name, c in compile_all(f"logprob V={Vn} {label}", fn):
                 if name == "_logprob_partial_kernel":
                     ttg[label] = reduce_layouts(c.asm["ttgir"])
-                    if label in ("T=1", "no entropy", "no entropy exp"):  # per-element instruction counts
+                    if label in ("T=1", "entropy select-free", "no entropy", "no entropy exp"):  # per-element instruction counts
                         ptx = c.asm["ptx"]
                         ops = dict(collections.Counter(m.group(1) for m in re.finditer(
                             r"^\s*((?:mul|fma|sub|add|max|ex2|cvt|shl|prmt|neg|mov|setp|selp|and|or)\.[\w.]+)", ptx, re.M)))

@@ -238,3 +238,25 @@ def test_exp2_knob_changes_bits(monkeypatch):
     monkeypatch.setattr(m, "EXP2", not m.EXP2)
     out = m.forward(x, tok, 0.7)
     assert any(not torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(out, ref))
+
+
+@pytest.mark.parametrize("exp2", [False, True])
+def test_select_free_entropy_knob_same_bits(monkeypatch, exp2):
+    """SELECT_FREE (free knob): the entropy sum as e * max(s - m, -FLT_MAX) instead of a select on e > 0.
+    Same bits as the default on ordinary rows, rows with -inf logits, a wholly masked chunk and a
+    nearly one-hot row (the -0.0 terms of masked logits never reach a stored value)."""
+    m = get_implementation().module("logprob")
+    monkeypatch.setattr(m, "EXP2", exp2)
+    T, V = 6, 9000
+    x, tok = make(T, V, torch.float32, seed=31)
+    x[0, 123] = 60.0
+    x[1, 4096:8192] = -float("inf")
+    x[2, ::2] = -float("inf")
+    x[3, :] = -float("inf")
+    x[3, 8500] = 1.0
+    tok[1], tok[2], tok[3] = 5, 1, 8500
+    ref = m.forward(x, tok, 0.8)
+    monkeypatch.setattr(m, "SELECT_FREE", True)
+    out = m.forward(x, tok, 0.8)
+    for a, b, name in zip(out, ref, ("logp", "entropy", "lse")):
+        assert_bitwise(a, b, name)

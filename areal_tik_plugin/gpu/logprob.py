@@ -101,6 +101,16 @@ def _check_free_knobs(rec):
         tag = f"merge_rows{r}{'/evict_first' if ev else ''}"
         rec.bitwise(f"free_knobs_logp[{tag}]", o[0], ref[0])
         rec.bitwise(f"free_knobs_entropy[{tag}]", o[1], ref[1])
+    # the entropy sum without the per-element select, on rows with -inf logits and a wholly masked chunk
+    xm = x.clone()
+    xm[0, 4096:8192] = -float("inf")
+    xm[1, ::3] = -float("inf")
+    ref_m = m.forward(xm, tok, 1.0)
+    for data, want, tag in ((x, ref, "select_free"), (xm, ref_m, "select_free/masked")):
+        with knobs(m, SELECT_FREE=True):
+            o = m.forward(data, tok, 1.0)
+        for i, name in enumerate(("logp", "entropy", "lse")):
+            rec.bitwise(f"free_knobs_{name}[{tag}]", o[i], want[i])
 
 
 def _check_graph(rec):

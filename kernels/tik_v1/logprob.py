@@ -39,15 +39,18 @@ from ._rowops import (cdiv as _cdiv, next_pow2 as _next_pow2, aligned, fresh_cop
 from ._rowops import launch
 
 KNOBS = {
-    "coupled": {"LOGPROB_VOCAB_CHUNK": C.LOGPROB_VOCAB_CHUNK, "LOGPROB_CHUNK_WARPS": C.LOGPROB_CHUNK_WARPS},
-    "free": {"MERGE_ROWS": (32, 64, 128, 256), "BWD_WARPS": (4, 8), "EVICT_FIRST": (False, True)},
-    "coupled_exp": {"EXP2": (False, True)},
+    "coupled": {"LOGPROB_VOCAB_CHUNK": C.LOGPROB_VOCAB_CHUNK, "LOGPROB_CHUNK_WARPS": C.LOGPROB_CHUNK_WARPS,
+                "LOGPROB_EXP": C.LOGPROB_EXP},
+    "free": {"MERGE_ROWS": (32, 64, 128, 256), "BWD_WARPS": (4, 8), "EVICT_FIRST": (False, True),
+             "SELECT_FREE": (False, True)},
 }
 # base-2 sums (see the module docstring; contract LOGPROB_EXP): coupled, changes the bits of every row on
 # every path at once. Session-18 probe (rowops_knob_probe-tik_v1-0e693b94a885, 3 interleaved rounds, medians):
 # share of HBM at T 1024 / 4096 / 16384 0.730 / 0.827 / 0.804 -> 0.806 / 0.907 / 0.888 (with the entropy 0.59-0.65
 # -> 0.70-0.78); logp max |err| vs fp64 2.3-2.7e-6 -> 3.6-3.8e-6.
 EXP2 = C.LOGPROB_EXP == "exp2"
+# the entropy sum without the per-element select (free knob under probe, off; see _logprob_partial_kernel)
+SELECT_FREE = False
 MERGE_ROWS = 128
 # the partial kernel reads each logit once: ask the L2 to evict those lines first (a cache hint; no value
 # changes). Session-18 probe (rowops_knob_probe-tik_v1-97a53e81bbca, no entropy, MERGE_ROWS 128): share of
@@ -89,7 +92,7 @@ def _logprob_partial_kernel(
     X, TEMP, WS, n_rows, sx, temp_scalar,
     V: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, GROUP: tl.constexpr,
     PER_ROW_T: tl.constexpr, ENTROPY: tl.constexpr = True, EVICT: tl.constexpr = "", PDL: tl.constexpr = False,
-    EXP2: tl.constexpr = False,
+    EXP2: tl.constexpr = False, SELECT_FREE: tl.constexpr = False,
 ):
     pdl_start(PDL)
     row = tl.program_id(0)
@@ -111,7 +114,10 @@ def _logprob_partial_kernel(
     tl.store(WS + base, m)
     tl.store(WS + base + 1, l)
     if ENTROPY:
-        a = tl.sum(e * tl.where(e > 0.0, s - m_safe, 0.0), 0)
+        if SELECT_FREE:  # -inf logits (e == 0) give 0 * -FLT_MAX = -0.0 instead of a select: same sums
+            a = tl.sum(e * tl.maximum(s - m_safe, -3.4028234663852886e38), 0)
+        else:
+            a = tl.sum(e * tl.where(e > 0.0, s - m_safe, 0.0), 0)
         tl.store(WS + base + 2, a)
 
 
@@ -236,7 +242,7 @@ def forward(logits, tokens, temperature=1.0, entropy=True):
     launch(_logprob_partial_kernel, (T, nc),
         x, temp, ws, T, sx, t_scalar, V=V, NC=nc, CHUNK=chunk, VEC=vec, GROUP=C.LOGPROB_LOAD_GROUP,
         PER_ROW_T=per_row, ENTROPY=bool(entropy), EVICT="evict_first" if EVICT_FIRST else "", EXP2=bool(EXP2),
-        **launch_opts(C.LOGPROB_CHUNK_WARPS),
+        SELECT_FREE=bool(SELECT_FREE), **launch_opts(C.LOGPROB_CHUNK_WARPS),
     )
     launch(_logprob_merge_kernel, (_cdiv(T, MERGE_ROWS),),
         x, tokens, temp, ws, logp, ent if entropy else lse, lse, T, sx, t_scalar,
