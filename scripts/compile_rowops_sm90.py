@@ -201,6 +201,12 @@ def main(argv=None) -> int:
             compile_all(f"rope token tiles groups={groups} {hq}/{hkv}/{D}", lambda: _with(
                 rope, TOKEN_TILES=True, TOKEN_TILES_MIN_T=1, HEAD_GROUPS=groups)(lambda: rope.forward(
                     q[:, :hq], q[:, hq:hq + hkv], torch.zeros(5, dtype=torch.int64), inv, 1.0)))
+            compile_all(f"rope.forward_kv_write token tiles groups={groups} {hq}/{hkv}/{D}", lambda: _with(
+                rope, KV_TOKEN_TILES=True, TOKEN_TILES=True, TOKEN_TILES_MIN_T=1, HEAD_GROUPS=groups)(
+                    lambda: rope.forward_kv_write(
+                        q[:, :hq], q[:, hq:hq + hkv], q[:, hq + hkv:], torch.zeros(5, dtype=torch.int64), inv, 1.0,
+                        torch.empty(9, hkv, D, dtype=bf16), torch.empty(9, hkv, D, dtype=bf16),
+                        torch.zeros(5, dtype=torch.int64))))
 
     sw = mod("swiglu")
     for I in (768, 8960):

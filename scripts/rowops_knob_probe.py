@@ -10,7 +10,7 @@ several rows and the next row prefetched, a row-major program order, a register 
 of HBM against 0.58-0.68), the same loop for RoPE's token tiles (slower on 5 of 6 rows), and a KV-write
 variant issuing both loads before the stores (within +-4%, no consistent sign).
 
-    python scripts/rowops_knob_probe.py --out DIR [--ops rope,kv_write,logprob]
+    python scripts/rowops_knob_probe.py --out DIR [--ops rope,kv_write,rope_kv,logprob]
 
 Writes DIR/rowops_knob_probe.json and prints one line per (op, shape, knob). A probe, not evidence: the
 contract suite (python -m areal_tik_plugin.gpu) checks whatever knob values land.
@@ -45,6 +45,13 @@ LOGPROB_KNOBS = {"MERGE_ROWS": (64, 128, 256), "EVICT_FIRST": (False, True)}
 LOGPROB_AB = {"EXP2": "coupled", "SELECT_FREE": "free"}
 LOGPROB_ACC_ROWS = 64
 VOCAB = 151936
+DEV = "cuda"      # the CPU test runs the probes on "cpu" under the Triton interpreter, timings stubbed
+OPS = ("rope", "kv_write", "rope_kv", "logprob")
+
+
+def _sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def _same(a, b) -> bool:
@@ -66,7 +73,7 @@ def _probe(rows, mod, base, combos, nbytes, ref, run, copy_calls, call=None):
         try:
             with knob_values(mod, **kn):
                 out = run()
-                torch.cuda.synchronize()
+                _sync()
                 same = _same(out, ref)
                 us = bench.time_graph_us(call or run)
                 st = bench.time_graph_each_us(copy_calls)
@@ -82,11 +89,11 @@ def probe_rope(impl, rows):
     rope = impl.module("rope")
     for (model, (hq, hkv)), T in itertools.product(ROPE_MODELS.items(), ROPE_T):
         d = 128
-        g = torch.Generator(device="cuda").manual_seed(T)
-        q = torch.randn(T, hq, d, device="cuda", generator=g).to(torch.bfloat16)
-        k = torch.randn(T, hkv, d, device="cuda", generator=g).to(torch.bfloat16)
-        pos = torch.randint(0, 32768, (T,), device="cuda", generator=g)
-        inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d))
+        g = torch.Generator(device=DEV).manual_seed(T)
+        q = torch.randn(T, hq, d, device=DEV, generator=g).to(torch.bfloat16)
+        k = torch.randn(T, hkv, d, device=DEV, generator=g).to(torch.bfloat16)
+        pos = torch.randint(0, 32768, (T,), device=DEV, generator=g)
+        inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, device=DEV, dtype=torch.float32) / d))
         nbytes = 2 * T * (hq + hkv) * d * 2 + T * 8
         ref = rope.forward(q, k, pos, inv)
         copies = [(q, k)] + [(q.clone(), k.clone()) for _ in range(stream_copies(nbytes) - 1)]
@@ -97,6 +104,49 @@ def probe_rope(impl, rows):
         del q, k, copies
 
 
+ROPE_KV_KNOBS = {"KV_TOKEN_TILES": (False, True), "TOKEN_TILE_ELEMS": (4096, 8192)}
+ROPE_KV_SLOTS = 1 << 18
+
+
+def probe_rope_kv(impl, rows):
+    """RoPE + KV-pool write in one launch (SGLang's fused set_kv_buffer): the head-block kernel against the
+    token-tile kernel (KV_TOKEN_TILES), q / k / v as strided views of one fused QKV output, T tokens at
+    random slots of a 2^18-slot pool; streamed copies write other slots."""
+    rope = impl.module("rope")
+    slots = ROPE_KV_SLOTS
+    for (model, (hq, hkv)), T in itertools.product(ROPE_MODELS.items(), ROPE_T):
+        d = 128
+        g = torch.Generator(device=DEV).manual_seed(T)
+        inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, device=DEV, dtype=torch.float32) / d))
+        pos = torch.randint(0, 32768, (T,), device=DEV, generator=g)
+        kc = torch.zeros(slots, hkv, d, device=DEV, dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        nbytes = 2 * T * (hq + 2 * hkv) * d * 2 + T * 16
+
+        def views(qkv):
+            return (qkv[:, :hq * d].view(T, hq, d), qkv[:, hq * d:(hq + hkv) * d].view(T, hkv, d),
+                    qkv[:, (hq + hkv) * d:].view(T, hkv, d))
+
+        copies = [(torch.randn(T, (hq + 2 * hkv) * d, device=DEV, generator=g).to(torch.bfloat16),
+                   torch.randperm(slots - 1, device=DEV, generator=g)[:T] + 1)
+                  for _ in range(stream_copies(nbytes))]
+        q, k, v = views(copies[0][0])
+        loc = copies[0][1]
+
+        def run():
+            kc.zero_()
+            vc.zero_()
+            return rope.forward_kv_write(q, k, v, pos, inv, 1.0, kc, vc, loc), kc, vc
+
+        ref = tuple(t.clone() for t in run())
+        combos = [dict()] + [dict(zip(ROPE_KV_KNOBS, vals)) for vals in itertools.product(*ROPE_KV_KNOBS.values())]
+        _probe(rows, rope, {"op": "rope_kv", "model": model, "T": T}, combos, nbytes, ref, run=run,
+               call=lambda: rope.forward_kv_write(q, k, v, pos, inv, 1.0, kc, vc, loc),
+               copy_calls=[lambda qkv=qkv, lc=lc: rope.forward_kv_write(*views(qkv), pos, inv, 1.0, kc, vc, lc)
+                           for qkv, lc in copies])
+        del kc, vc, copies
+
+
 def probe_kv_write(impl, rows):
     """KV write (SGLang set_kv_buffer) tile / warp knobs: T new tokens' K and V rows into a 65536-slot pool
     at random slots; share of HBM over the bytes moved (read k, v; write the pool rows)."""
@@ -104,17 +154,17 @@ def probe_kv_write(impl, rows):
     slots = 65536
     for (model, (_hq, hkv)), T in itertools.product(ROPE_MODELS.items(), KV_T):
         d = 128
-        g = torch.Generator(device="cuda").manual_seed(T)
-        kc = torch.zeros(slots, hkv, d, device="cuda", dtype=torch.bfloat16)
+        g = torch.Generator(device=DEV).manual_seed(T)
+        kc = torch.zeros(slots, hkv, d, device=DEV, dtype=torch.bfloat16)
         vc = torch.zeros_like(kc)
-        k = torch.randn(T, hkv, d, device="cuda", generator=g).to(torch.bfloat16)
-        v = torch.randn(T, hkv, d, device="cuda", generator=g).to(torch.bfloat16)
-        loc = torch.randperm(slots, device="cuda", generator=g)[:T]
+        k = torch.randn(T, hkv, d, device=DEV, generator=g).to(torch.bfloat16)
+        v = torch.randn(T, hkv, d, device=DEV, generator=g).to(torch.bfloat16)
+        loc = torch.randperm(slots, device=DEV, generator=g)[:T]
         nbytes = 4 * T * hkv * d * 2 + T * 8
         kv.forward(kc, vc, loc, k, v)
         ref = (kc.clone(), vc.clone())
         # streamed: other rows at other slots per copy (every copy writes different pool memory)
-        copies = [(k, v, loc)] + [(k.clone(), v.clone(), torch.randperm(slots, device="cuda", generator=g)[:T])
+        copies = [(k, v, loc)] + [(k.clone(), v.clone(), torch.randperm(slots, device=DEV, generator=g)[:T])
                                   for _ in range(stream_copies(nbytes) - 1)]
         combos = [dict()] + [dict(zip(KV_KNOBS, vals)) for vals in itertools.product(*KV_KNOBS.values())]
 
@@ -133,9 +183,9 @@ def probe_kv_write(impl, rows):
 def probe_logprob(impl, rows, ab=None, rounds=1):
     lp = impl.module("logprob")
     for T in LOGPROB_T:
-        g = torch.Generator(device="cuda").manual_seed(T)
-        x = (torch.randn(T, VOCAB, device="cuda", generator=g) * 4).to(torch.bfloat16)
-        tok = torch.randint(0, VOCAB, (T,), device="cuda", generator=g)
+        g = torch.Generator(device=DEV).manual_seed(T)
+        x = (torch.randn(T, VOCAB, device=DEV, generator=g) * 4).to(torch.bfloat16)
+        tok = torch.randint(0, VOCAB, (T,), device=DEV, generator=g)
         nbytes = T * VOCAB * 2 + T * 16
         ref = lp.forward(x, tok, 0.7)
         n_acc = min(T, LOGPROB_ACC_ROWS)
@@ -152,7 +202,7 @@ def probe_logprob(impl, rows, ab=None, rounds=1):
             try:
                 with knob_values(lp, **kn):
                     out = lp.forward(x, tok, 0.7, entropy=ent)
-                    torch.cuda.synchronize()
+                    _sync()
                     same = _same(out, ref)  # entropy=False: logp and lse (the entropy slot is None)
                     err = float((out[0][:n_acc].double() - ref64).abs().max())
                     us = bench.time_graph_us(lambda: lp.forward(x, tok, 0.7, entropy=ent), n_inner=3)
@@ -232,11 +282,16 @@ def main(argv=None) -> int:
     impl = get_implementation()
     rows: list = []
     t0 = time.time()
-    ops = args.ops.split(",")
+    ops = [o for o in args.ops.split(",") if o]
+    unknown = [o for o in ops if o not in OPS]
+    if unknown or not ops:
+        ap.error(f"--ops: expected a comma list of {list(OPS)}, got {args.ops!r}")
     if "rope" in ops:
         probe_rope(impl, rows)
     if "kv_write" in ops:
         probe_kv_write(impl, rows)
+    if "rope_kv" in ops:
+        probe_rope_kv(impl, rows)
     if "logprob" in ops:
         probe_logprob(impl, rows, ab=ab or None, rounds=args.rounds)
     res = {"implementation": impl.name, "source_hash": impl.source_hash, "argv": sys.argv, "rows": rows,

@@ -236,3 +236,36 @@ def test_token_tile_kernel_same_bits_as_head_block_kernel(monkeypatch, T, Hq, Hk
                 assert_bitwise(a[1], b[1], f"{name} k {variant}")
             else:
                 assert a[1] is None and b[1] is None
+
+
+@pytest.mark.parametrize("T,Hq,Hkv,D,R", [(1, 12, 2, 128, 128), (13, 5, 3, 64, 64), (9, 2, 2, 96, 48),
+                                         (33, 32, 8, 128, 128), (7, 12, 6, 64, 64), (20, 32, 4, 64, 32)])
+def test_kv_token_tiles_same_bits_as_head_block_kernel(monkeypatch, T, Hq, Hkv, D, R):
+    """RoPE + KV-pool write on the token-tile kernel (free knob KV_TOKEN_TILES, with and without head groups)
+    == the head-block kernel: q out, every pool slot (written rows rotated / copied, the rest untouched)."""
+    from areal_tik_plugin.loader import get_implementation
+
+    rope = get_implementation().module("rope")
+    qkv = rand(T, (Hq + 2 * Hkv) * D, seed=T + Hq)                 # strided views of a fused QKV output
+    q = qkv[:, :Hq * D].view(T, Hq, D)
+    k = qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D)
+    v = qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D)
+    g = torch.Generator().manual_seed(T)
+    pos = torch.randint(0, 40000, (T,), generator=g)
+    loc = torch.randperm(3 * T + 5, generator=g)[:T]
+    inv = inv_freq(R)
+    base = torch.randn(3 * T + 5, Hkv, D, generator=g).to(torch.bfloat16)
+    monkeypatch.setattr(rope, "TOKEN_TILES_MIN_T", 1)
+    launched = []
+    real_launch = rope.launch
+    monkeypatch.setattr(rope, "launch", lambda fn, *a, **kw: (launched.append(fn), real_launch(fn, *a, **kw))[1])
+    out = {}
+    for tiles, groups in ((False, True), (True, False), (True, True)):
+        monkeypatch.setattr(rope, "KV_TOKEN_TILES", tiles)
+        monkeypatch.setattr(rope, "HEAD_GROUPS", groups)
+        kc, vc = base.clone(), base * 2
+        out[tiles, groups] = (rope.forward_kv_write(q, k, v, pos, inv, 0.8, kc, vc, loc), kc, vc)
+        assert launched[-1] is (rope._rope_tokens_kernel if tiles else rope._rope_kernel)  # the knob took effect
+    for variant in ((True, False), (True, True)):
+        for a, b, name in zip(out[False, True], out[variant], ("q", "k pool", "v pool")):
+            assert_bitwise(b, a, f"{name} {variant}")

@@ -37,3 +37,32 @@ def test_ab_summary(capsys):
     p._print_ab(rows, "SELECT_FREE")
     out = capsys.readouterr().out
     assert "off 0.700" in out and "SELECT_FREE 0.790" in out and "[3 rounds]" in out
+
+
+def test_rope_kv_and_logprob_ab_probes_run_on_cpu(monkeypatch):
+    """The rope_kv probe and the log-prob A/B end to end on the CPU interpreter at tiny shapes (timings
+    stubbed): every free-knob row bit-equal to the default, no errors."""
+    import types
+
+    from areal_tik_plugin.loader import get_implementation
+
+    p = _probe()
+    impl = get_implementation()
+    monkeypatch.setattr(p, "DEV", "cpu")
+    monkeypatch.setattr(p, "bench", types.SimpleNamespace(time_graph_us=lambda fn, **kw: 1.0,
+                                                          time_graph_each_us=lambda fns, **kw: 1.0))
+    monkeypatch.setattr(p, "ROPE_MODELS", {"tiny": (4, 2)})
+    monkeypatch.setattr(p, "ROPE_T", (9,))
+    monkeypatch.setattr(p, "ROPE_KV_SLOTS", 64)
+    monkeypatch.setattr(p, "LOGPROB_T", (3,))
+    monkeypatch.setattr(p, "VOCAB", 5000)
+    monkeypatch.setattr(impl.module("rope"), "TOKEN_TILES_MIN_T", 1)   # the token-tile path at T=9
+    rows = []
+    p.probe_rope_kv(impl, rows)
+    p.probe_logprob(impl, rows, ab="EXP2", rounds=1)
+    assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r][:2]
+    assert len([r for r in rows if r["op"] == "rope_kv"]) == 1 + 4
+    assert all(r["bits_equal_default"] for r in rows if r["op"] == "rope_kv")
+    lp = impl.module("logprob")
+    assert not p.unexpected_mismatches(rows, {"EXP2": lp.EXP2})
+    assert any(not r["bits_equal_default"] for r in rows if r["op"] == "logprob")  # EXP2 moved: bits differ

@@ -24,7 +24,8 @@ from ._rowops import launch
 
 KNOBS = {"free": {"HEAD_ELEMS": (1024, 2048, 4096), "WARPS": (2, 4, 8), "TOKEN_TILES": (False, True),
                   "TOKEN_TILE_ELEMS": (2048, 4096, 8192), "TOKEN_WARPS": (4, 8),
-                  "TOKEN_TILES_MIN_T": (1, 256, 1024, 4096), "HEAD_GROUPS": (False, True)}}
+                  "TOKEN_TILES_MIN_T": (1, 256, 1024, 4096), "HEAD_GROUPS": (False, True),
+                  "KV_TOKEN_TILES": (False, True)}}
 HEAD_ELEMS = 2048   # elements of one program's [BLOCK_HEADS, R/2] half-tile target
 WARPS = 4
 # forward/backward with one program per BLOCK_T tokens x all q and k heads (_rope_tokens_kernel) instead
@@ -48,6 +49,11 @@ TOKEN_TILES_MIN_T = 1024
 TOKEN_TILE_ELEMS = 4096
 TOKEN_WARPS = 2
 HEAD_GROUPS = True
+# forward_kv_write (SGLang's fused RoPE + set_kv_buffer; the rollout prefill of tik verify and the layer
+# bench) on the token-tile kernel from TOKEN_TILES_MIN_T tokens, the rotated k rows and the v rows written
+# to their pool slots by the same program (free knob under probe, off: today one program per (token, head
+# block), as RoPE alone ran before its token tiles)
+KV_TOKEN_TILES = False
 
 
 @triton.jit
@@ -122,16 +128,21 @@ def _rope_kernel(
 @triton.jit
 def _rotate_tokens(X, O, tt, t_ok, NH: tl.constexpr, sxt, sxh, c, s,
                    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BH: tl.constexpr,
-                   D: tl.constexpr, PASS_BLOCK: tl.constexpr, INTERP: tl.constexpr):
+                   D: tl.constexpr, PASS_BLOCK: tl.constexpr, INTERP: tl.constexpr,
+                   o_rows=None, sot=0, soh=0, OUT_STRIDED: tl.constexpr = False):
     """Rotate every head of BLOCK_T tokens in tiles [BLOCK_T, BH, BLOCK_HALF], heads [h0, h0 + BH) for h0 =
-    0, BH, .. < NH (BH >= NH: one tile, padded); c, s [BLOCK_T, BLOCK_HALF]."""
+    0, BH, .. < NH (BH >= NH: one tile, padded); c, s [BLOCK_T, BLOCK_HALF]. Output rows contiguous
+    [T, NH, D], or (OUT_STRIDED) at ``o_rows[t] * sot + head * soh`` (KV-pool slots)."""
     j = tl.arange(0, BLOCK_HALF)
     for h0 in tl.static_range(0, NH, BH):
         heads = h0 + tl.arange(0, BH)
         rowmask = t_ok[:, None] & (heads < NH)[None, :]
         mask = rowmask[:, :, None] & (j < HALF)[None, None, :]
         xrow = X + tt.to(tl.int64)[:, None] * sxt + heads.to(tl.int64)[None, :] * sxh
-        orow = O + (tt.to(tl.int64)[:, None] * NH + heads.to(tl.int64)[None, :]) * D
+        if OUT_STRIDED:
+            orow = O + o_rows.to(tl.int64)[:, None] * sot + heads.to(tl.int64)[None, :] * soh
+        else:
+            orow = O + (tt.to(tl.int64)[:, None] * NH + heads.to(tl.int64)[None, :]) * D
         x1 = tl.load(xrow[:, :, None] + j[None, None, :], mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(xrow[:, :, None] + HALF + j[None, None, :], mask=mask, other=0.0).to(tl.float32)
         o1 = x1 * c[:, None, :] - x2 * s[:, None, :]
@@ -145,6 +156,20 @@ def _rotate_tokens(X, O, tt, t_ok, NH: tl.constexpr, sxt, sxh, c, s,
             tl.store(orow[:, :, None] + pj[None, None, :], xp, mask=pmask)
 
 
+@triton.jit
+def _copy_tokens(VIN, VC, tt, t_ok, slots, NH: tl.constexpr, svt, svh, svc_t, svc_h,
+                 BH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """VC[slots[t], h, :] = VIN[t, h, :] for BLOCK_T tokens, heads in tiles of BH (an exact copy)."""
+    d = tl.arange(0, BLOCK_D)
+    for h0 in tl.static_range(0, NH, BH):
+        heads = h0 + tl.arange(0, BH)
+        m = (t_ok[:, None] & (heads < NH)[None, :])[:, :, None] & (d < D)[None, None, :]
+        src = VIN + tt.to(tl.int64)[:, None, None] * svt + heads.to(tl.int64)[None, :, None] * svh + d[None, None, :]
+        dst = VC + slots.to(tl.int64)[:, None, None] * svc_t + heads.to(tl.int64)[None, :, None] * svc_h \
+            + d[None, None, :]
+        tl.store(dst, tl.load(src, mask=m), mask=m)
+
+
 @triton.jit(do_not_specialize=["T"])
 def _rope_tokens_kernel(
     Q, K, QO, KO, POS, INV_FREQ, T,
@@ -152,9 +177,12 @@ def _rope_tokens_kernel(
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BLOCK_T: tl.constexpr,
     PASS_BLOCK: tl.constexpr, BACKWARD: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False,
+    VIN=None, VC=None, LOC=None, svt=0, svh=0, skc_t=0, skc_h=0, svc_t=0, svc_h=0,
+    KV_WRITE: tl.constexpr = False, BLOCK_D: tl.constexpr = 1,
 ):
     """One program = BLOCK_T tokens x every q and k head: cos/sin once per (token, frequency), the
-    same per-element arithmetic as :func:`_rope_kernel` (the variant is a free knob)."""
+    same per-element arithmetic as :func:`_rope_kernel` (the variant is a free knob). KV_WRITE: the
+    rotated k rows go to the pool KO at slots LOC[t] and v's rows are copied to VC there."""
     pdl_start(PDL)
     tt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = tt < T
@@ -167,8 +195,30 @@ def _rope_tokens_kernel(
     if BACKWARD:
         s = -s
     _rotate_tokens(Q, QO, tt, t_ok, HQ, sqt, sqh, c, s, HALF, BLOCK_HALF, BQ, D, PASS_BLOCK, INTERP)
-    if HKV > 0:
+    if KV_WRITE:
+        slots = tl.load(LOC + tt, mask=t_ok, other=0)
+        _rotate_tokens(K, KO, tt, t_ok, HKV, skt, skh, c, s, HALF, BLOCK_HALF, BK, D, PASS_BLOCK, INTERP,
+                       slots, skc_t, skc_h, True)
+        _copy_tokens(VIN, VC, tt, t_ok, slots, HKV, svt, svh, svc_t, svc_h, BK, D, BLOCK_D)
+    elif HKV > 0:
         _rotate_tokens(K, KO, tt, t_ok, HKV, skt, skh, c, s, HALF, BLOCK_HALF, BK, D, PASS_BLOCK, INTERP)
+
+
+def _token_tile(T, hq, hkv, block_half, extra_per_t=0):
+    """(BQ, BK, BLOCK_T) of the token-tile kernel: head tiles (HEAD_GROUPS: the largest power of two
+    dividing the head count, else one padded tile) and the most tokens (a power of two, < 2T) whose
+    elements per program stay within TOKEN_TILE_ELEMS (``extra_per_t``: the v copy's per-token elements)."""
+    if HEAD_GROUPS:  # groups of the largest power of two dividing the head count; budget in real heads
+        bq, bk = hq & -hq, (hkv & -hkv if hkv else 1)
+        per_t = (hq + hkv) * block_half
+    else:
+        bq, bk = _next_pow2(hq), (_next_pow2(hkv) if hkv else 1)
+        per_t = (bq + bk) * block_half
+    per_t += extra_per_t
+    bt = 1
+    while 2 * bt * per_t <= TOKEN_TILE_ELEMS and bt < T:
+        bt *= 2
+    return bq, bk, bt
 
 
 def _config(hq, hkv, half):
@@ -197,15 +247,7 @@ def forward(q, k, positions, inv_freq, attention_scaling=1.0, backward=False):
     pass_block = _next_pow2(D - 2 * half) if D > 2 * half else 0
     if TOKEN_TILES and T >= TOKEN_TILES_MIN_T:
         block_half = _next_pow2(half)
-        if HEAD_GROUPS:  # groups of the largest power of two dividing the head count; budget in real heads
-            bq, bk = hq & -hq, (hkv & -hkv if hkv else 1)
-            per_t = (hq + hkv) * block_half
-        else:
-            bq, bk = _next_pow2(hq), (_next_pow2(hkv) if hkv else 1)
-            per_t = (bq + bk) * block_half
-        bt = 1
-        while 2 * bt * per_t <= TOKEN_TILE_ELEMS and bt < T:
-            bt *= 2
+        bq, bk, bt = _token_tile(T, hq, hkv, block_half)
         launch(_rope_tokens_kernel, (_cdiv(T, bt),),
             q, k_arg, q_out, k_out if k_out is not None else q_out, positions, inv_freq, T,
             q.stride(0), q.stride(1), skt, skh, float(attention_scaling),
@@ -238,17 +280,28 @@ def forward_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v
     q_out = torch.empty((T, hq, D), dtype=q.dtype, device=q.device)
     if T == 0:
         return q_out
-    block_half, bh = _config(hq, hkv, half)
     pass_block = _next_pow2(D - 2 * half) if D > 2 * half else 0
+    kv = dict(VIN=v, VC=v_cache, LOC=loc, svt=v.stride(0), svh=v.stride(1), skc_t=k_cache.stride(0),
+              skc_h=k_cache.stride(1), svc_t=v_cache.stride(0), svc_h=v_cache.stride(1),
+              KV_WRITE=True, BLOCK_D=_next_pow2(D))
+    if KV_TOKEN_TILES and TOKEN_TILES and T >= TOKEN_TILES_MIN_T:
+        block_half = _next_pow2(half)
+        bq, bk, bt = _token_tile(T, hq, hkv, block_half, extra_per_t=hkv * _next_pow2(D) // 2)
+        launch(_rope_tokens_kernel, (_cdiv(T, bt),),
+            q, k, q_out, k_cache, positions, inv_freq, T,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), float(attention_scaling),
+            HQ=hq, HKV=hkv, D=D, HALF=half, BLOCK_HALF=block_half, BQ=bq, BK=bk, BLOCK_T=bt,
+            PASS_BLOCK=pass_block, BACKWARD=False, INTERP=interpreting(), **kv,
+            **launch_opts(TOKEN_WARPS),
+        )
+        return q_out
+    block_half, bh = _config(hq, hkv, half)
     nblocks = _cdiv(hq, bh) + _cdiv(hkv, bh)
     launch(_rope_kernel, (T, nblocks),
         q, k, q_out, k_cache, positions, inv_freq,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), float(attention_scaling),
         HQ=hq, HKV=hkv, D=D, HALF=half, BLOCK_HALF=block_half, BLOCK_HEADS=bh,
-        PASS_BLOCK=pass_block, BACKWARD=False, INTERP=interpreting(),
-        VIN=v, VC=v_cache, LOC=loc, svt=v.stride(0), svh=v.stride(1), skc_t=k_cache.stride(0),
-        skc_h=k_cache.stride(1), svc_t=v_cache.stride(0), svc_h=v_cache.stride(1),
-        KV_WRITE=True, BLOCK_D=_next_pow2(D),
+        PASS_BLOCK=pass_block, BACKWARD=False, INTERP=interpreting(), **kv,
         **launch_opts(WARPS),
     )
     return q_out
