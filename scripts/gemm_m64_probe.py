@@ -41,13 +41,25 @@ SHAPES = {
 def variants(gemm, N: int, K: int, n_sms: int) -> dict:
     """(rows M, configuration) per variant name; configurations from the implementation's own rule."""
     c64 = gemm.config_for(64, N, K, n_sms)
-    return {
+    out = {
         "m64": (64, c64),
         "m1_in_m64_tile": (1, c64),
         "m16_in_m64_tile": (16, c64),
         "m64_as_m16_tiles": (64, gemm.config_for(16, N, K, n_sms)),
         "m64_as_m32_tiles": (64, gemm.config_for(32, N, K, n_sms)),
     }
+    chunks = -(-K // gemm.split_chunk(K))
+    if chunks > 1:
+        # the 64-row tile at other widths: activation bytes read from L2 scale with the number of column
+        # tiles (N / BLOCK_N re-reads of x), weight bytes do not
+        for bn, warps in ((16, 4), (32, 4), (64, 4), (128, 8)):
+            progs = -(-N // bn) * chunks
+            out[f"m64_partial_n{bn}_w{warps}"] = (64, gemm._small_config(64, bn, split="partial", warps=warps,
+                                                                         programs=progs, num_sms=n_sms))
+        for bn, tma in ((32, True), (64, False), (64, True)):
+            out[f"m64_fused_n{bn}{'_tma' if tma else ''}"] = (64, gemm._small_config(
+                64, bn, split="fused", flat=True, programs=-(-N // bn), num_sms=n_sms, tma=tma))
+    return out
 
 
 def parse_shapes(text: str) -> dict:
