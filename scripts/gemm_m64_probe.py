@@ -59,6 +59,15 @@ def variants(gemm, N: int, K: int, n_sms: int) -> dict:
         for bn, tma in ((32, True), (64, False), (64, True)):
             out[f"m64_fused_n{bn}{'_tma' if tma else ''}"] = (64, gemm._small_config(
                 64, bn, split="fused", flat=True, programs=-(-N // bn), num_sms=n_sms, tma=tma))
+        # the MMA instruction: Triton 3.6 takes wgmma (MMAv3) only when num_warps % 4 == 0, so 2 warps run
+        # the same 64-row tile on mma.sync (MMAv2, as the BLOCK_M 16 / 32 tiers do); 8 warps: two warpgroups
+        for bn in (32, 64):
+            out[f"m64_partial_n{bn}_w2"] = (64, gemm._small_config(64, bn, split="partial", warps=2,
+                                                                   programs=-(-N // bn) * chunks, num_sms=n_sms))
+            out[f"m64_fused_n{bn}_w2"] = (64, gemm._small_config(64, bn, split="fused", flat=True, warps=2,
+                                                                 programs=-(-N // bn), num_sms=n_sms))
+        out["m64_partial_n64_w8"] = (64, gemm._small_config(64, 64, split="partial", warps=8,
+                                                            programs=-(-N // 64) * chunks, num_sms=n_sms))
     return out
 
 

@@ -25,10 +25,11 @@ def test_variants_follow_the_rule():
     assert v["m64_as_m16_tiles"][1]["BLOCK_M"] == 16 and v["m64_as_m32_tiles"][1]["BLOCK_M"] == 32
     assert v["m64"][1]["BLOCK_M"] == 64
     widths = {k: c for k, (m, c) in v.items() if k.startswith(("m64_partial_", "m64_fused_"))}
-    assert len(widths) == 7 and all(c["BLOCK_M"] == 64 for c in widths.values())
+    assert len(widths) == 12 and all(c["BLOCK_M"] == 64 for c in widths.values())
     assert v["m64_partial_n128_w8"][1]["BLOCK_N"] == 128 and v["m64_partial_n128_w8"][1]["num_warps"] == 8
     assert v["m64_fused_n64_tma"][1]["tma"] and v["m64_fused_n64_tma"][1]["split"] == "fused"
     assert v["m64_partial_n16_w4"][1]["split"] == "partial"
+    assert v["m64_fused_n32_w2"][1]["num_warps"] == 2 and v["m64_fused_n32_w2"][1]["split"] == "fused"
 
 
 def test_bad_arguments():

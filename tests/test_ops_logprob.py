@@ -255,6 +255,7 @@ def test_select_free_entropy_knob_same_bits(monkeypatch, exp2):
     x[3, :] = -float("inf")
     x[3, 8500] = 1.0
     tok[1], tok[2], tok[3] = 5, 1, 8500
+    monkeypatch.setattr(m, "SELECT_FREE", False)
     ref = m.forward(x, tok, 0.8)
     monkeypatch.setattr(m, "SELECT_FREE", True)
     out = m.forward(x, tok, 0.8)

@@ -106,9 +106,11 @@ def _check_free_knobs(rec):
     xm[0, 4096:8192] = -float("inf")
     xm[1, ::3] = -float("inf")
     ref_m = m.forward(xm, tok, 1.0)
+    flip = not m.SELECT_FREE  # the setting the default does not run
     for data, want, tag in ((x, ref, "select_free"), (xm, ref_m, "select_free/masked")):
-        with knobs(m, SELECT_FREE=True):
+        with knobs(m, SELECT_FREE=flip):
             o = m.forward(data, tok, 1.0)
+        tag = f"{tag}={flip}"
         for i, name in enumerate(("logp", "entropy", "lse")):
             rec.bitwise(f"free_knobs_{name}[{tag}]", o[i], want[i])
 

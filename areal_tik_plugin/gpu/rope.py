@@ -198,15 +198,16 @@ def _check_kv_write(rec, tag, hq, hkv, d, theta):
         rec.bitwise(f"kv_write_q[{tag}/T{T}]", qo, qr)
         rec.bitwise(f"kv_write_kpool[{tag}/T{T}]", kc, rk)
         rec.bitwise(f"kv_write_vpool[{tag}/T{T}]", vc, rv)
-        # the same on the token-tile kernel (free knob KV_TOKEN_TILES), padded head tiles and head groups
+        # both kernels at every T (free knob KV_TOKEN_TILES: the token-tile kernel, with and without head
+        # groups, or one program per (token, head block))
         from areal_tik_plugin.loader import get_implementation
 
         rope = get_implementation().module("rope")
-        for groups in (False, True):
+        for tiles, groups in ((True, False), (True, True), (False, True)):
             kc, vc = base.clone(), base.clone()
-            with knobs(rope, KV_TOKEN_TILES=True, TOKEN_TILES=True, TOKEN_TILES_MIN_T=1, HEAD_GROUPS=groups):
+            with knobs(rope, KV_TOKEN_TILES=tiles, TOKEN_TILES=True, TOKEN_TILES_MIN_T=1, HEAD_GROUPS=groups):
                 qo = apply_rope_kv_write(q, k, v, pos, inv, 1.0, kc, vc, loc)
-            ktag = f"{tag}/T{T}/kv_token_tiles{'/groups' if groups else ''}"
+            ktag = f"{tag}/T{T}/kv_token_tiles={tiles}{'/groups' if groups else ''}"
             rec.bitwise(f"kv_write_q[{ktag}]", qo, qr)
             rec.bitwise(f"kv_write_kpool[{ktag}]", kc, rk)
             rec.bitwise(f"kv_write_vpool[{ktag}]", vc, rv)

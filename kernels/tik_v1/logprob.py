@@ -49,8 +49,11 @@ KNOBS = {
 # share of HBM at T 1024 / 4096 / 16384 0.730 / 0.827 / 0.804 -> 0.806 / 0.907 / 0.888 (with the entropy 0.59-0.65
 # -> 0.70-0.78); logp max |err| vs fp64 2.3-2.7e-6 -> 3.6-3.8e-6.
 EXP2 = C.LOGPROB_EXP == "exp2"
-# the entropy sum without the per-element select (free knob under probe, off; see _logprob_partial_kernel)
-SELECT_FREE = False
+# the entropy sum without the per-element select (free knob; see _logprob_partial_kernel). Session-19 probe
+# (rowops_knob_probe-logprob-select_free-tik_v1-a1fcbe3429f5, 3 interleaved rounds, medians), share of HBM
+# with the entropy at T 1024 / 4096 / 16384: 0.716 / 0.795 / 0.777 -> 0.740 / 0.821 / 0.780 (x1.03 / 1.03 /
+# 1.00); the path without the entropy does not read it (x0.97-1.00, the spread of the rounds); same bits.
+SELECT_FREE = True
 MERGE_ROWS = 128
 # the partial kernel reads each logit once: ask the L2 to evict those lines first (a cache hint; no value
 # changes). Session-18 probe (rowops_knob_probe-tik_v1-97a53e81bbca, no entropy, MERGE_ROWS 128): share of

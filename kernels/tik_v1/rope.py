@@ -51,9 +51,12 @@ TOKEN_WARPS = 2
 HEAD_GROUPS = True
 # forward_kv_write (SGLang's fused RoPE + set_kv_buffer; the rollout prefill of tik verify and the layer
 # bench) on the token-tile kernel from TOKEN_TILES_MIN_T tokens, the rotated k rows and the v rows written
-# to their pool slots by the same program (free knob under probe, off: today one program per (token, head
-# block), as RoPE alone ran before its token tiles)
-KV_TOKEN_TILES = False
+# to their pool slots by the same program (free knob; off: one program per (token, head block)). Session-19
+# probe (rowops_knob_probe-rope_kv-tik_v1-a1fcbe3429f5, q / k / v views of a fused QKV, 2^18-slot pool),
+# share of HBM at T 4096 / 16384, head blocks -> token tiles (TOKEN_TILE_ELEMS 4096): Qwen2.5-1.5B 0.316 /
+# 0.335 -> 0.743 / 0.760, Qwen3-4B 0.698 / 0.769 -> 0.746 / 0.870, Qwen3-30B-A3B 0.616 / 0.645 -> 0.707 /
+# 0.770; same bits.
+KV_TOKEN_TILES = True
 
 
 @triton.jit
