@@ -105,11 +105,13 @@ def _check_free_knobs(rec):
     xm = x.clone()
     xm[0, 4096:8192] = -float("inf")
     xm[1, ::3] = -float("inf")
-    ref_m = m.forward(xm, tok, 1.0)
+    tm = tok.clone()
+    tm[0], tm[1] = 1, 1  # a logit that is not masked: a finite logp (the bitwise checks require finite values)
+    ref_m = m.forward(xm, tm, 1.0)
     flip = not m.SELECT_FREE  # the setting the default does not run
-    for data, want, tag in ((x, ref, "select_free"), (xm, ref_m, "select_free/masked")):
+    for data, t, want, tag in ((x, tok, ref, "select_free"), (xm, tm, ref_m, "select_free/masked")):
         with knobs(m, SELECT_FREE=flip):
-            o = m.forward(data, tok, 1.0)
+            o = m.forward(data, t, 1.0)
         tag = f"{tag}={flip}"
         for i, name in enumerate(("logp", "entropy", "lse")):
             rec.bitwise(f"free_knobs_{name}[{tag}]", o[i], want[i])
