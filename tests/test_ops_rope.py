@@ -163,18 +163,25 @@ def test_bad_inputs():
 
 
 # ---- RoPE + KV-pool write in one launch (rollout) -------------------------------------------------
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("T,Hq,Hkv,D,R", [(1, 4, 2, 128, 128), (13, 5, 3, 64, 64), (9, 2, 2, 96, 48)])
-def test_rope_kv_write_bitwise_equals_rope_then_kv_write(dtype, T, Hq, Hkv, D, R):
-    from areal_tik_plugin.ops.rope import _apply_rope_kv_write_fast
-
-    qkv = rand(T, (Hq + 2 * Hkv) * D, dtype=dtype, seed=T + D)       # strided views of a fused output
+def _fused_qkv_case(T, Hq, Hkv, D, dtype, seed):
+    """q / k / v as strided views of one fused QKV output, positions, distinct pool slots (pool of 3T + 5) and
+    the generator, for the pool contents the caller draws next."""
+    qkv = rand(T, (Hq + 2 * Hkv) * D, dtype=dtype, seed=seed)
     q = qkv[:, :Hq * D].view(T, Hq, D)
     k = qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D)
     v = qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D)
     g = torch.Generator().manual_seed(T)
     pos = torch.randint(0, 40000, (T,), generator=g)
     loc = torch.randperm(3 * T + 5, generator=g)[:T]
+    return q, k, v, pos, loc, g
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T,Hq,Hkv,D,R", [(1, 4, 2, 128, 128), (13, 5, 3, 64, 64), (9, 2, 2, 96, 48)])
+def test_rope_kv_write_bitwise_equals_rope_then_kv_write(dtype, T, Hq, Hkv, D, R):
+    from areal_tik_plugin.ops.rope import _apply_rope_kv_write_fast
+
+    q, k, v, pos, loc, g = _fused_qkv_case(T, Hq, Hkv, D, dtype, seed=T + D)
     inv = inv_freq(R)
     qr, kr = ops.apply_rope(q, k, pos, inv, 0.9)
     base = torch.randn(3 * T + 5, Hkv, D, generator=g).to(dtype)
@@ -246,13 +253,7 @@ def test_kv_token_tiles_same_bits_as_head_block_kernel(monkeypatch, T, Hq, Hkv, 
     from areal_tik_plugin.loader import get_implementation
 
     rope = get_implementation().module("rope")
-    qkv = rand(T, (Hq + 2 * Hkv) * D, seed=T + Hq)                 # strided views of a fused QKV output
-    q = qkv[:, :Hq * D].view(T, Hq, D)
-    k = qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D)
-    v = qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D)
-    g = torch.Generator().manual_seed(T)
-    pos = torch.randint(0, 40000, (T,), generator=g)
-    loc = torch.randperm(3 * T + 5, generator=g)[:T]
+    q, k, v, pos, loc, g = _fused_qkv_case(T, Hq, Hkv, D, torch.bfloat16, seed=T + Hq)
     inv = inv_freq(R)
     base = torch.randn(3 * T + 5, Hkv, D, generator=g).to(torch.bfloat16)
     monkeypatch.setattr(rope, "TOKEN_TILES_MIN_T", 1)
