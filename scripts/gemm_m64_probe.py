@@ -11,7 +11,9 @@ with the weights streamed from HBM (one call per weight copy, as in the sweeps):
 * ``m16_in_m64_tile``: 16 real rows in the 64-row tile (a quarter of the activation bytes);
 * ``m64_as_m16_tiles`` / ``m64_as_m32_tiles``: M=64 through the M=16 / M=32 configurations (4 / 2 row
   tiles: the weights are read 4 / 2 times, from L2 after the first);
-* ``cublas_m1`` / ``cublas_m64``.
+* ``cublas_m1`` / ``cublas_m64``;
+* on split weights, the 64-row tile at other widths and paths (``m64_partial_n{16,32,64,128}_w*``,
+  ``m64_fused_n{32,64}[_tma]``) and on 2 warps (mma.sync) or 8 (two warpgroups).
 
 Reading: if ``m1_in_m64_tile`` is near M=1's time, the 64-row tile's MMA and shared-memory work is free and
 the activation traffic costs the difference; if it is near ``m64``, the tile work itself is the cost.
