@@ -8,7 +8,10 @@ whether the dot chain lowered to wgmma (sm_90 tensor cores) or mma.sync, and loa
 (exit 1) on a compile error, on > 227 KiB of shared memory, or on register spills in a GEMM (except the
 few measured ones named below).
 
-Usage: ``python scripts/compile_gemm_moe_sm90.py [--impl kernels/tik_v1]``.
+Also reported: variants whose wgmma chain ptxas serializes (warning C7515: each wgmma waited for before the
+next); with ``gemm.SPLIT_PARTIAL_FIXED_TRIPS`` on, a serialized split partial variant is a failure.
+
+Usage: ``python scripts/compile_gemm_moe_sm90.py [--impl kernels/tik_v1] [--only linear_partial/bf16]``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def load_impl_no_interp(path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--impl", default=os.path.join(os.path.dirname(__file__), "..", "kernels", "tik_v1"))
+    ap.add_argument("--only", default="", help="comma list of label prefixes to compile (e.g. linear_partial/bf16)")
     ap.add_argument("--sweep-split", action="store_true",
                     help="compile the split-weight configurations of gpu.gemm_sweep --split (bf16, GEMM only)")
     args = ap.parse_args(argv)
@@ -53,7 +57,13 @@ def main(argv=None) -> int:
     failures = []
     serialized = []
 
+    only = [p for p in args.only.split(",") if p]
+    # with the fixed trip count (free knob SPLIT_PARTIAL_FIXED_TRIPS) a serialized partial variant is a failure
+    partial_must_pipeline = bool(getattr(gemm, "SPLIT_PARTIAL_FIXED_TRIPS", False))
+
     def compile_one(label, fn, sig, consts, aligned, opts, gemm_like=True):
+        if only and not any(label.startswith(p) for p in only):
+            return
         if "PDL" in fn.arg_names:  # what an sm_90 launch gets (kernels/tik_v1/_rowops.py, PDL)
             sig, consts, opts = {**sig, "PDL": "constexpr"}, {**consts, "PDL": True}, {**opts, "launch_pdl": True}
         try:
@@ -87,9 +97,11 @@ def main(argv=None) -> int:
         # count ptxas cannot see as a fixed pipeline): reported per variant
         serial = "serial" if (mma == "wgmma" and "C7515" in r.stderr) else ""
         serialized.append(label) if serial else None
+        if serial and partial_must_pipeline and label.startswith("linear_partial/"):
+            ok = False
         print(f"{'ok  ' if ok else 'FAIL'} {label:<44} smem {smem:>6}  regs {regs:>3}  spill {spill:>4}  {mma:<8} {tma} {serial}")
         if not ok:
-            failures.append(f"{label}: ptxas rc {r.returncode}, smem {smem}, spill {spill}")
+            failures.append(f"{label}: ptxas rc {r.returncode}, smem {smem}, spill {spill}{', serialized wgmma' if serial else ''}")
 
     bk = C.GEMM_BLOCK_K
     aligned_ptr = list(range(10))
