@@ -4,30 +4,14 @@ output; once the fixed trip count (SPLIT_PARTIAL_FIXED_TRIPS) is on, a serialize
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "compile_gemm_moe_sm90.py")
+from ._scripts import ptxas_available, run_script
 
 
-def _ptxas_available() -> bool:
-    try:
-        import triton
-
-        return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _ptxas_available(), reason="triton's bundled ptxas not found")
+@pytest.mark.skipif(not ptxas_available(), reason="triton's bundled ptxas not found")
 def test_split_partial_kernel_compiles_for_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, SCRIPT, "--only", "linear_partial/bf16"], env=env, capture_output=True,
-                       text=True, timeout=900)
+    r = run_script("compile_gemm_moe_sm90", "--only", "linear_partial/bf16", timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("ok ", "FAIL"))]
     assert len(lines) >= 40 and all("linear_partial/bf16/" in ln for ln in lines)  # the filter took effect
