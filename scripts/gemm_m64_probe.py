@@ -70,6 +70,13 @@ def variants(gemm, N: int, K: int, n_sms: int) -> dict:
                                                                  programs=-(-N // bn), num_sms=n_sms))
         out["m64_partial_n64_w8"] = (64, gemm._small_config(64, 64, split="partial", warps=8,
                                                             programs=-(-N // 64) * chunks, num_sms=n_sms))
+        # the chunk programs' K loop with a runtime trip count (free knob SPLIT_PARTIAL_FIXED_TRIPS off): ptxas
+        # serializes the 64-row tile's wgmma there (C7515), so these are the before-rows of that knob
+        for bn in (32, 64):
+            cfg = out[f"m64_partial_n{bn}_w4"][1]
+            out[f"m64_partial_n{bn}_w4_runtime_trips"] = (64, dict(cfg, fixed_trips=False))
+        if c64.get("split") == "partial":
+            out["m64_runtime_trips"] = (64, dict(c64, fixed_trips=False))
     return out
 
 

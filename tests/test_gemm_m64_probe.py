@@ -25,6 +25,11 @@ def test_variants_follow_the_rule():
     assert v["m64_as_m16_tiles"][1]["BLOCK_M"] == 16 and v["m64_as_m32_tiles"][1]["BLOCK_M"] == 32
     assert v["m64"][1]["BLOCK_M"] == 64
     widths = {k: c for k, (m, c) in v.items() if k.startswith(("m64_partial_", "m64_fused_"))}
+    assert v["m64_partial_n32_w4_runtime_trips"][1]["fixed_trips"] is False
+    assert "m64_runtime_trips" not in v                 # Qwen3-4B o at M=64 runs the fused flat path
+    down = probe.variants(gemm, *probe.SHAPES["qwen3-4b:down"], 132)
+    assert down["m64"][1]["split"] == "partial" and down["m64_runtime_trips"][1]["fixed_trips"] is False
+    widths = {k: c for k, c in widths.items() if "runtime_trips" not in k}
     assert len(widths) == 12 and all(c["BLOCK_M"] == 64 for c in widths.values())
     assert v["m64_partial_n128_w8"][1]["BLOCK_N"] == 128 and v["m64_partial_n128_w8"][1]["num_warps"] == 8
     assert v["m64_fused_n64_tma"][1]["tma"] and v["m64_fused_n64_tma"][1]["split"] == "fused"

@@ -221,10 +221,40 @@ def test_split_every_config_and_path_same_bits():
         x, w, b = _data(70, K, N, torch.bfloat16, seed=5, bias=bias)
         ref = gemm.linear(x, w, b)
         for cfg in gemm.all_configs():
-            for split, flat, last in (("partial", False, True), ("partial", False, False), ("fused", False, True),
-                                      ("fused", True, True)):
-                got = gemm.linear(x, w, b, config={**cfg, "split": split, "flat": flat, "reduce_in_last": last})
-                _assert_bits(got, ref, f"{cfg['name']} {split} flat={flat} reduce_in_last={last} bias={bias}")
+            for split, flat, last, fixed in (("partial", False, True, True), ("partial", False, False, True),
+                                             ("partial", False, True, False), ("fused", False, True, True),
+                                             ("fused", True, True, True)):
+                got = gemm.linear(x, w, b, config={**cfg, "split": split, "flat": flat, "reduce_in_last": last,
+                                                   "fixed_trips": fixed})
+                _assert_bits(got, ref, f"{cfg['name']} {split} flat={flat} reduce_in_last={last} fixed_trips={fixed} "
+                                       f"bias={bias}")
+
+
+@pytest.mark.parametrize("K", [4096, 4160, 6000])
+def test_split_partial_fixed_trips_same_bits(monkeypatch, K):
+    """The small-M chunk programs with a fixed trip count (free knob SPLIT_PARTIAL_FIXED_TRIPS: every chunk runs
+    CHUNK_K / BLOCK_K steps, a shorter last chunk on zero-filled tiles) == the runtime trip count, on equal
+    chunks (K 4096: 2 x 2048), a short last chunk (K 4160) and a last chunk not a multiple of BLOCK_K (K 6000),
+    including rows whose products are all -0.0 (the zero tail may flip only an exactly-zero partial's sign,
+    which the ordered chunk sum makes +0.0)."""
+    gemm = get_implementation().module("gemm")
+    N = 24
+    x, w, b = _data(5, K, N, torch.bfloat16, seed=K, bias=True)
+    x[1] = 0.0
+    x[2] = -0.0
+    w[3] = w[3].abs()                                   # row 2 x col 3: every product is -0.0
+    launched = []
+    real = gemm.launch
+    monkeypatch.setattr(gemm, "launch", lambda fn, grid, *a, **kw: (launched.append(kw.get("FIXED_TRIPS")),
+                                                                    real(fn, grid, *a, **kw))[1])
+    out = {}
+    for fixed in (False, True):
+        cfg = {**gemm.config_for(5, N, K, cpu=True), "split": "partial", "fixed_trips": fixed}
+        out[fixed] = gemm.linear(x, w, b, config=cfg)
+        assert launched[0] is fixed                     # the knob reached the partial kernel
+        launched.clear()
+    _assert_bits(out[True], out[False], f"K={K}")
+    assert gemm.split_chunk(K) < K
 
 
 def test_split_reduce_in_last_program_resets_its_tickets():

@@ -126,6 +126,10 @@ def _check_all_configs(rec, tag, N, K, has_bias, M=300):
             for last in (False, True):  # the ordered reduce in a second kernel / in each tile's last program
                 rec.bitwise(f"config[{tag}/{cfg['name']}/partial/reduce_in_last={last}]",
                             gemm.linear(x, w, b, config=dict(cfg, split="partial", reduce_in_last=last)), ref)
+            # the chunk programs' K loop with the other trip-count form (fixed + zero-filled tail / runtime)
+            ft = not getattr(gemm, "SPLIT_PARTIAL_FIXED_TRIPS", False)
+            rec.bitwise(f"config[{tag}/{cfg['name']}/partial/fixed_trips={ft}]",
+                        gemm.linear(x, w, b, config=dict(cfg, split="partial", fixed_trips=ft)), ref)
             flat = not cfg.get("flat", False)  # the fused path's other loop form (one flat loop / one per chunk)
             rec.bitwise(f"config[{tag}/{cfg['name']}/fused_flat={flat}]",
                         gemm.linear(x, w, b, config=dict(cfg, split="fused", flat=flat)), ref)

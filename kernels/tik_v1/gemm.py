@@ -150,6 +150,7 @@ KNOBS = {
         "SPLIT_PARTIAL_MAX_M": (1, 16, 32, 64),
         "SPLIT_FLAT": (False, True),
         "SPLIT_REDUCE_IN_LAST": (False, True),
+        "SPLIT_PARTIAL_FIXED_TRIPS": (False, True),
         "GROUP_M": (1, 4, 8, 16),
         "USE_TMA": (False, True),
     },
@@ -220,6 +221,33 @@ def _chunk_chain_ptr(x_row, w_row, m_ok, offs_k, k_lo, k_hi, K,
             a = tl.load(x_row + kk[None, :], mask=m_ok & kmask, other=0.0)
             b = tl.load(w_row + kk[None, :], mask=kmask, other=0.0)
         part = tl.dot(a, tl.trans(b), part)
+    return part
+
+
+@triton.jit
+def _chunk_chain_fixed(x_row, w_row, m_ok, offs_k, k_lo, k_hi,
+                       MASK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       TRIPS: tl.constexpr):
+    """:func:`_chunk_chain_ptr` with a trip count the compiler sees: TRIPS = CHUNK_K / BLOCK_K for every
+    chunk; a shorter last chunk (MASK_K) runs its trailing steps on zero-filled tiles (masked loads move no
+    bytes). A dot of zero tiles adds exact zeros to the chain, which changes at most the sign of an
+    exactly-zero partial, and the ordered chunk sum ``(0 + part_0) + ...`` and ``acc + 0.0`` make that sign
+    +0 on every path: the same bits. Why: with a runtime trip count ptxas serializes the chain's wgmma (warning
+    C7515, each wgmma waited for before the next is issued; scripts/compile_gemm_moe_sm90.py reports it)."""
+    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    xp = x_row + k_lo + offs_k[None, :]
+    wp = w_row + k_lo + offs_k[None, :]
+    for ki in range(0, TRIPS):
+        if MASK_K:
+            kmask = (k_lo + ki * BLOCK_K + offs_k[None, :]) < k_hi
+            a = tl.load(xp, mask=m_ok & kmask, other=0.0)
+            b = tl.load(wp, mask=kmask, other=0.0)
+        else:
+            a = tl.load(xp, mask=m_ok, other=0.0)
+            b = tl.load(wp)
+        part = tl.dot(a, tl.trans(b), part)
+        xp += BLOCK_K
+        wp += BLOCK_K
     return part
 
 
@@ -367,7 +395,7 @@ def _linear_partial_kernel(
     GROUP: tl.constexpr, CHUNK_K: tl.constexpr,
     Bias=None, Y=None, stride_ym=0, CNT=None,
     HAS_BIAS: tl.constexpr = False, N_CHUNKS: tl.constexpr = 1, LAST_REDUCES: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, FIXED_TRIPS: tl.constexpr = False, MASK_K: tl.constexpr = True,
 ):
     """Split weight, small M: program (tile, c) writes chunk c's partial to P[c, M, N] (fp32).
 
@@ -380,8 +408,12 @@ def _linear_partial_kernel(
     offs_m, offs_n, offs_k, m_ok, rn = _ptr_tile(tile, M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
     k_lo = c * CHUNK_K
     k_hi = tl.minimum(k_lo + CHUNK_K, K)
-    part = _chunk_chain_ptr(X + offs_m.to(tl.int64)[:, None] * stride_xm, W + rn[:, None] * stride_wn, m_ok,
-                            offs_k, k_lo, k_hi, K, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    if FIXED_TRIPS:
+        part = _chunk_chain_fixed(X + offs_m.to(tl.int64)[:, None] * stride_xm, W + rn[:, None] * stride_wn, m_ok,
+                                  offs_k, k_lo, k_hi, MASK_K, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK_K // BLOCK_K)
+    else:
+        part = _chunk_chain_ptr(X + offs_m.to(tl.int64)[:, None] * stride_xm, W + rn[:, None] * stride_wn, m_ok,
+                                offs_k, k_lo, k_hi, K, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
     mn_ok = m_ok & (offs_n[None, :] < N)
     p_rows = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     tl.store(P + c.to(tl.int64) * M * N + p_rows, part, mask=mn_ok)
@@ -576,6 +608,11 @@ def split_chunk(K: int) -> int:
 
 
 REDUCE_BLOCK = 1024      # free: elements per program of the small-M split reduction
+# free: the small-M split's chunk programs run CHUNK_K / BLOCK_K K steps each, a shorter last chunk on
+# zero-filled tiles (see _chunk_chain_fixed): ptxas then pipelines the chain's wgmma at BLOCK_M 64 instead of
+# serializing them (C7515 on every BLOCK_M 64 partial variant with the runtime trip count); BLOCK_M 16 / 32
+# run mma.sync either way
+SPLIT_PARTIAL_FIXED_TRIPS = True
 # free: the small-M split's ordered reduction runs in the last chunk program of each tile (atomic
 # ticket, no second launch) instead of in _linear_reduce_kernel; same additions, same order
 SPLIT_REDUCE_IN_LAST = True
@@ -621,10 +658,11 @@ def linear(x, weight, bias=None, config=None, out=None):
         last = bool(cfg.get("reduce_in_last", SPLIT_REDUCE_IN_LAST))
         fused = dict(Bias=b, Y=y, stride_ym=y.stride(0), CNT=_tile_counters(x.device, grid[0]), HAS_BIAS=has_bias,
                      N_CHUNKS=n_chunks, LAST_REDUCES=True) if last else {}
+        fixed = bool(cfg.get("fixed_trips", SPLIT_PARTIAL_FIXED_TRIPS))
         launch(_linear_partial_kernel, (grid[0], n_chunks),
             x, weight, part, M, N, K, x.stride(0), weight.stride(0),
             EVEN_K=(K % bk == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP=cfg["GROUP_M"], CHUNK_K=chunk,
-            **fused, **_launch_opts(cfg),
+            **fused, FIXED_TRIPS=fixed, MASK_K=(K % chunk != 0), **_launch_opts(cfg),
         )
         if not last:
             launch(_linear_reduce_kernel, (_cdiv(M * N, REDUCE_BLOCK),),
