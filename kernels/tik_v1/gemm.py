@@ -107,12 +107,16 @@ LARGE_M_SPLIT_TILES = (
 # SPLIT_FUSED_MIN_PROGRAMS_PER_SM programs per SM at BLOCK_N SPLIT_FUSED_BLOCK_N (wide fused qkv /
 # gate_up): the fused flat path there
 # (no workspace; sweep: Qwen3-8B gate_up M=1 51.6 us vs 54.2 partial); and from M >=
-# SPLIT_FUSED_NARROW_MIN_M the narrow ones too, at BLOCK_N SPLIT_FUSED_NARROW_BLOCK_N (sweep, M=64:
-# Qwen3-4B o 12.7 vs 13.7 partial, Qwen3-8B o 13.4 vs 14.2; at M=32 partial wins: 12.3 vs 13.7).
+# SPLIT_FUSED_NARROW_MIN_M the narrow ones too, at BLOCK_N SPLIT_FUSED_NARROW_BLOCK_N. Off (65) since the
+# partial kernel's chunk loop got a fixed trip count (SPLIT_PARTIAL_FIXED_TRIPS: its 64-row wgmma is no
+# longer serialized): session-20 H200 probe (scripts/gemm_m64_probe.py, weights streamed, 3 rounds, us at
+# M=64, fused flat n32 -> partial n32): Qwen3-4B o 13.2 -> 12.5, Qwen3-30B-A3B o 12.6 -> 8.8, Qwen3-8B o
+# 13.5 -> 13.7 (cuBLAS 10.0 / 10.2 / 12.4). Before that knob the fused flat path won at M=64 (sweep:
+# Qwen3-4B o 12.7 vs 13.7 partial, Qwen3-8B o 13.4 vs 14.2).
 SPLIT_FUSED_MAX_CHUNKS = 2
 SPLIT_FUSED_BLOCK_N = 64
 SPLIT_FUSED_MIN_PROGRAMS_PER_SM = 0.6  # (sweep, M=32: Qwen3-8B qkv fused flat 17.0 us vs 18.7 partial)
-SPLIT_FUSED_NARROW_MIN_M = 33
+SPLIT_FUSED_NARROW_MIN_M = 65
 SPLIT_FUSED_NARROW_BLOCK_N = 32
 # Split weight, M <= SPLIT_PARTIAL_MAX_M: the small-M rule above (chunk partials in separate programs,
 # tiles x chunks, + the ordered reduction, or the fused flat path); larger M: both accumulators in one program ("fused"), whose program count
