@@ -13,7 +13,8 @@ with the weights streamed from HBM (one call per weight copy, as in the sweeps):
   tiles: the weights are read 4 / 2 times, from L2 after the first);
 * ``cublas_m1`` / ``cublas_m64``;
 * on split weights, the 64-row tile at other widths and paths (``m64_partial_n{16,32,64,128}_w*``,
-  ``m64_fused_n{32,64}[_tma]``) and on 2 warps (mma.sync) or 8 (two warpgroups).
+  ``m64_fused_n{32,64}[_tma]``) and on 2 warps (mma.sync) or 8 (two warpgroups); the partial path at
+  BLOCK_N 32 / 64 with 3, 6 or 8 stages (``*_s{3,6,8}``) and with the chunk loop's runtime trip count.
 
 Reading: if ``m1_in_m64_tile`` is near M=1's time, the 64-row tile's MMA and shared-memory work is free and
 the activation traffic costs the difference; if it is near ``m64``, the tile work itself is the cost.
@@ -77,6 +78,13 @@ def variants(gemm, N: int, K: int, n_sms: int) -> dict:
             out[f"m64_partial_n{bn}_w4_runtime_trips"] = (64, dict(cfg, fixed_trips=False))
         if c64.get("split") == "partial":
             out["m64_runtime_trips"] = (64, dict(c64, fixed_trips=False))
+        # the pipeline depth of the chunk programs: the residency rule (_small_stages) gives Qwen3-4B down 4
+        # stages at 3 programs per SM; deeper pipelines keep more weight bytes in flight per program
+        for bn in (32, 64):
+            cfg = out[f"m64_partial_n{bn}_w4"][1]
+            for st in (3, 6, 8):
+                if st != cfg["num_stages"]:
+                    out[f"m64_partial_n{bn}_w4_s{st}"] = (64, dict(cfg, num_stages=st))
     return out
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from areal_tik_plugin.loader import get_implementation
@@ -30,7 +32,7 @@ def test_variants_follow_the_rule():
     assert v["m64"][1]["split"] == "partial" and v["m64_runtime_trips"][1]["fixed_trips"] is False
     down = probe.variants(gemm, *probe.SHAPES["qwen3-4b:down"], 132)
     assert down["m64"][1]["split"] == "partial" and down["m64_runtime_trips"][1]["fixed_trips"] is False
-    widths = {k: c for k, c in widths.items() if "runtime_trips" not in k}
+    widths = {k: c for k, c in widths.items() if "runtime_trips" not in k and not re.search(r"_s\d+$", k)}
     assert len(widths) == 12 and all(c["BLOCK_M"] == 64 for c in widths.values())
     assert v["m64_partial_n128_w8"][1]["BLOCK_N"] == 128 and v["m64_partial_n128_w8"][1]["num_warps"] == 8
     assert v["m64_fused_n64_tma"][1]["tma"] and v["m64_fused_n64_tma"][1]["split"] == "fused"
@@ -46,3 +48,13 @@ def test_bad_arguments():
         probe.parse_shapes("")
     with pytest.raises(SystemExit):
         probe.main(["--out", "/tmp/unused", "--rounds", "0"])
+
+
+def test_stage_variants():
+    probe = _probe()
+    gemm = get_implementation().module("gemm")
+    v = probe.variants(gemm, *probe.SHAPES["qwen3-4b:down"], 132)
+    base = v["m64_partial_n32_w4"][1]
+    stages = {k: c for k, (m, c) in v.items() if k.startswith("m64_partial_n32_w4_s")}
+    assert stages and all(c["num_stages"] != base["num_stages"] for c in stages.values())
+    assert all(dict(c, num_stages=base["num_stages"]) == base for c in stages.values())
