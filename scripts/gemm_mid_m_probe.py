@@ -1,0 +1,172 @@
+"""GPU probe: the GEMM between the decode-sized rule and the large-M tiles (64 < M <= 1024).
+
+Session 20's full benchmark grid (``python3 -m areal_tik_plugin.gpu --ops gemm --no-checks``, kernels 3285341)
+found M=256 at 0.635x cuBLAS (geomean over 13 shapes, weights streamed) and the narrow split weights at
+M=1024 at 0.70-0.79x: there ``config_for`` picks a 128-row large-M tile, so e.g. Qwen3-4B ``o`` at M=256
+runs 2 x 20 = 40 programs on 132 SMs, and the 128-column router at M=1024 runs 8. This probe times, per
+(shape, M), the current choice against smaller tiles on the same kernels (every configuration gives the
+same bits: the K partition is fixed by ``split_chunk(K)``; each variant's output is compared bit for bit
+with the default's):
+
+* unsplit weights: the decode-sized TMA kernel with 64-row tiles over M/64 row tiles (``tma_m64_n*``), and
+  the large-M persistent kernel at 64 x 64 / 64 x 128 / 128 x 64;
+* split weights: the chunk-partial path with 64- or 128-row tiles (``partial_m*_n*``: tiles x chunks
+  programs, the ordered reduce in each tile's last program), the fused flat path at 64 rows
+  (``flat_m64_n*``), and the large split tile at 64 x 128.
+
+    python scripts/gemm_mid_m_probe.py --out DIR [--ms 128,256,512,1024] [--shapes all|name,...] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+SHAPES = {
+    "qwen2.5-1.5b:qkv": (2048, 1536),
+    "qwen2.5-1.5b:o": (1536, 1536),
+    "qwen2.5-1.5b:gate_up": (17920, 1536),
+    "qwen2.5-1.5b:down": (1536, 8960),
+    "qwen3-4b:qkv": (6144, 2560),
+    "qwen3-4b:o": (2560, 4096),
+    "qwen3-4b:gate_up": (19456, 2560),
+    "qwen3-4b:down": (2560, 9728),
+    "qwen3-30b-a3b:qkv": (5120, 2048),
+    "qwen3-30b-a3b:o": (2048, 4096),
+    "qwen3-30b-a3b:router": (128, 2048),
+}
+
+
+def variants(gemm, M: int, N: int, K: int, n_sms: int) -> dict:
+    """name -> configuration, built with the implementation's own helpers."""
+    cdiv = gemm._cdiv
+    out = {"default": gemm.config_for(M, N, K, n_sms)}
+    chunks = cdiv(K, gemm.split_chunk(K))
+    if chunks == 1:
+        for bn in (64, 128):
+            out[f"tma_m64_n{bn}"] = gemm._small_config(64, bn, split="fused", warps=4, tma=True,
+                                                       programs=cdiv(M, 64) * cdiv(N, bn), num_sms=n_sms)
+        out["ptr_m64_n32"] = gemm._small_config(64, 32, split="fused", warps=4, tma=False,
+                                                programs=cdiv(M, 64) * cdiv(N, 32), num_sms=n_sms)
+        for bm, bn in ((64, 64), (64, 128), (128, 64)):
+            out[f"large_m{bm}_n{bn}"] = gemm._large_config(bm, bn, 4, 4)
+    else:
+        for bm, bn, warps in ((64, 32, 4), (64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8)):
+            out[f"partial_m{bm}_n{bn}_w{warps}"] = gemm._small_config(
+                bm, bn, split="partial", warps=warps, programs=cdiv(M, bm) * cdiv(N, bn) * chunks, num_sms=n_sms)
+        for bn in (64, 128):
+            out[f"flat_m64_n{bn}"] = gemm._small_config(64, bn, split="fused", flat=True,
+                                                        programs=cdiv(M, 64) * cdiv(N, bn), num_sms=n_sms)
+        out["large_split_m64_n128"] = gemm._large_config(64, 128, 4, 4, split_weight=True)
+    return out
+
+
+def parse_list(text: str, what: str, allowed=None, lo=None, hi=None) -> list:
+    items = [s for s in text.split(",") if s]
+    if allowed is not None:
+        if items == ["all"]:
+            return list(allowed)
+        bad = [s for s in items if s not in allowed]
+        if bad or not items:
+            raise ValueError(f"{what}: expected 'all' or a comma list of {sorted(allowed)}, got {text!r}")
+        return items
+    try:
+        vals = [int(s) for s in items]
+    except ValueError:
+        vals = []
+    if not vals or any(not lo <= v <= hi for v in vals):
+        raise ValueError(f"{what}: expected a comma list of integers in [{lo}, {hi}], got {text!r}")
+    return vals
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python scripts/gemm_mid_m_probe.py")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ms", default="128,256,512,1024")
+    ap.add_argument("--shapes", default="all")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (>= 1); medians reported")
+    args = ap.parse_args(argv)
+    try:
+        ms = parse_list(args.ms, "--ms", lo=65, hi=16384)
+        shapes = parse_list(args.shapes, "--shapes", allowed=SHAPES)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: expected >= 1")
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+
+    if not torch.cuda.is_available():
+        print("gemm_mid_m_probe: needs a CUDA device", file=sys.stderr)
+        return 2
+    from areal_tik_plugin import bench
+    from areal_tik_plugin.gpu._rowops import stream_copies
+    from areal_tik_plugin.gpu.suite import bits
+    from areal_tik_plugin.loader import get_implementation
+
+    impl = get_implementation()
+    gemm = impl.module("gemm")
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = {"implementation": impl.name, "source_hash": impl.source_hash, "rows": [], "started": time.time()}
+    for name in shapes:
+        N, K = SHAPES[name]
+        ws = [(torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16) for _ in range(stream_copies(N * K * 2))]
+        for M in ms:
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            cfgs = variants(gemm, M, N, K, n_sms)
+            row = {"shape": name, "M": M, "N": N, "K": K, "configs": {}, "mismatch": [], "errors": {}, "us": {}}
+            ref = bits(gemm.linear(x, ws[0], config=cfgs["default"]))
+            timed = {}
+            for v, c in cfgs.items():
+                row["configs"][v] = f"{c['name']}_s{c['num_stages']}"
+                try:
+                    y = gemm.linear(x, ws[0], config=c)
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 (e.g. out of shared memory: reported, not hidden)
+                    row["errors"][v] = f"{type(e).__name__}: {str(e)[:200]}"
+                    continue
+                if not torch.equal(bits(y), ref):
+                    row["mismatch"].append(v)
+                timed[v] = [lambda w=w, c=c: gemm.linear(x, w, config=c) for w in ws]
+            timed["cublas"] = [lambda w=w: F.linear(x, w) for w in ws]
+            samples = {v: [] for v in timed}
+            for _ in range(args.rounds):
+                for v, fns in timed.items():
+                    samples[v].append(bench.time_graph_each_us(fns, rounds=10))
+            row["us"] = {v: statistics.median(s) for v, s in samples.items()}
+            best = min((v for v in row["us"] if v != "cublas"), key=row["us"].get)
+            row["best"] = best
+            res["rows"].append(row)
+            print(f"{name:<22} M={M:<5} default {row['us']['default']:7.1f} ({row['configs']['default']})  best {best} "
+                  f"{row['us'][best]:7.1f}  cublas {row['us']['cublas']:7.1f}  | "
+                  + " ".join(f"{v} {u:.1f}" for v, u in row["us"].items() if v not in ("default", "cublas"))
+                  + (f"  MISMATCH {row['mismatch']}" if row["mismatch"] else "")
+                  + (f"  errors {sorted(row['errors'])}" if row["errors"] else ""), flush=True)
+            del x
+        del ws
+        torch.cuda.empty_cache()
+    res["seconds"] = time.time() - res["started"]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gemm_mid_m_probe.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    import math
+
+    def geo(vals):
+        return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
+
+    for M in ms:
+        rows = [r for r in res["rows"] if r["M"] == M]
+        print(f"M={M}: vs cuBLAS default {geo([r['us']['cublas'] / r['us']['default'] for r in rows]):.3f}, "
+              f"best per shape {geo([r['us']['cublas'] / r['us'][r['best']] for r in rows]):.3f}")
+    bad = sum(len(r["mismatch"]) for r in res["rows"])
+    print(f"{len(res['rows'])} rows, {bad} mismatching variants, {res['seconds']:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
