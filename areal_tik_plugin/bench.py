@@ -100,3 +100,16 @@ def ratio(baseline: dict, ours: dict, key: str) -> float | None:
     if b is None or o is None or o <= 0:
         return None
     return b / o
+
+
+def interleaved_medians(fns: dict, time_fn: Callable[[object], float], rounds: int) -> tuple[dict, dict]:
+    """Time every entry of ``fns`` (name -> what ``time_fn`` takes) once per round, the names in order within a
+    round, for ``rounds`` rounds (so slow drift of clocks or temperature spreads over every variant alike).
+    Returns ``({name: median}, {name: [sample per round]})``."""
+    if rounds < 1:
+        raise ValueError(f"rounds: expected >= 1, got {rounds}")
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(time_fn(fn))
+    return {name: statistics.median(s) for name, s in samples.items()}, samples

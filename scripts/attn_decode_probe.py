@@ -60,8 +60,6 @@ def main(argv=None) -> int:
         ap.error(str(e))
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: expected >= 1")
-    import statistics
-
     import torch
 
     if not torch.cuda.is_available():
@@ -96,17 +94,11 @@ def main(argv=None) -> int:
         ref = bits(outs["default"])
         row["mismatch"] = [v for v in VARIANTS if not torch.equal(bits(outs[v]), ref)]
         fns["cudnn_dense"] = _sdpa_decode_fn(B, ctx, Hq, Hkv, D)
-        samples = {v: [] for v in fns}
-        for _ in range(args.rounds):
-            for v, fn in fns.items():
-                samples[v].append(bench.time_graph_us(fn))
-        row["us"] = {v: statistics.median(s) for v, s in samples.items()}
-        row["samples_us"] = samples
+        row["us"], row["samples_us"] = bench.interleaved_medians(fns, bench.time_graph_us, args.rounds)
         row["kv_bytes"] = 2 * B * ctx * Hkv * D * 2
         res["rows"].append(row)
         print(f"b{B}/ctx{ctx:<6} " + "  ".join(f"{v} {u:.1f}" for v, u in row["us"].items())
               + f"  mismatches {row['mismatch'] or 0}", flush=True)
-        del kp, vp
         torch.cuda.empty_cache()
     res["seconds"] = time.time() - res["started"]
     os.makedirs(args.out, exist_ok=True)

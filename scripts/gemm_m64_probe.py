@@ -32,13 +32,11 @@ import os
 import sys
 import time
 
-SHAPES = {
-    "qwen3-4b:o": (2560, 4096),
-    "qwen3-4b:down": (2560, 9728),
-    "qwen3-30b-a3b:o": (2048, 4096),
-    "qwen3-8b:o": (4096, 4096),
-    "qwen2.5-1.5b:down": (1536, 8960),
-}
+from areal_tik_plugin.gpu.gemm import named_shapes
+
+# the split weights whose M=64 configuration the probe separates (narrow ones: few column tiles)
+SHAPES = {k: v for k, v in named_shapes().items()
+          if k in ("qwen3-4b:o", "qwen3-4b:down", "qwen3-30b-a3b:o", "qwen3-8b:o", "qwen2.5-1.5b:down")}
 
 
 def variants(gemm, N: int, K: int, n_sms: int) -> dict:
@@ -108,8 +106,6 @@ def main(argv=None) -> int:
         ap.error(str(e))
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: expected >= 1")
-    import statistics
-
     import torch
     import torch.nn.functional as F
 
@@ -141,12 +137,8 @@ def main(argv=None) -> int:
                  for v, (m, c) in calls.items()}
         timed["cublas_m1"] = [lambda w=w: F.linear(x[:1], w) for w in ws]
         timed["cublas_m64"] = [lambda w=w: F.linear(x, w) for w in ws]
-        samples = {v: [] for v in timed}
-        for _ in range(args.rounds):
-            for v, fns in timed.items():
-                samples[v].append(bench.time_graph_each_us(fns, rounds=20))
-        row["us"] = {v: statistics.median(s) for v, s in samples.items()}
-        row["samples_us"] = samples
+        row["us"], row["samples_us"] = bench.interleaved_medians(
+            timed, lambda fns: bench.time_graph_each_us(fns, rounds=20), args.rounds)
         res["rows"].append(row)
         print(f"{name:<18} " + "  ".join(f"{v} {u:.1f}" for v, u in row["us"].items())
               + f"  mismatches {row['mismatch'] or 0}", flush=True)

@@ -23,15 +23,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-GEMM_SHAPES = {
-    "qwen3-4b:qkv": (6144, 2560),
-    "qwen3-4b:o": (2560, 4096),
-    "qwen3-4b:gate_up": (19456, 2560),
-    "qwen3-4b:down": (2560, 9728),
-    "qwen3-30b-a3b:o": (2048, 4096),
-    "qwen3-8b:o": (4096, 4096),
-    "qwen2.5-1.5b:down": (1536, 8960),
-}
+from areal_tik_plugin.gpu.gemm import named_shapes
+
+GEMM_SHAPES = named_shapes()
 MAX_DECODE_TOKENS = 1 << 21   # B * ctx: the dense + paged caches stay under ~4 GB each
 
 

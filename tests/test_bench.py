@@ -69,3 +69,20 @@ def test_tbps_and_add_shares_copy_ceiling():
     add_shares(ratios, bw, 65536)                     # a T=65536 row: in both lists
     assert len(ratios["hbm_frac_T4096plus_graph"]) == 3 and ratios["vs_copy_same_bytes_T65536_graph"] == [0.9]
     assert abs(ratios["hbm_frac_T65536_graph"][0] - 1.0) < 1e-9 and len(ratios["hbm_frac_T65536"]) == 1
+
+
+def test_interleaved_medians_rounds_in_order_and_median():
+    order = []
+    times = {"a": iter([5.0, 1.0, 3.0]), "b": iter([2.0, 2.0, 9.0])}
+
+    def time_fn(name):
+        order.append(name)
+        return next(times[name])
+
+    med, samples = bench.interleaved_medians({"a": "a", "b": "b"}, time_fn, 3)
+    assert order == ["a", "b"] * 3                    # every variant once per round, in order
+    assert med == {"a": 3.0, "b": 2.0} and samples == {"a": [5.0, 1.0, 3.0], "b": [2.0, 2.0, 9.0]}
+    import pytest
+
+    with pytest.raises(ValueError, match="rounds"):
+        bench.interleaved_medians({"a": "a"}, time_fn, 0)

@@ -37,6 +37,14 @@ SHAPES = {
     ("qwen3-30b-a3b", "router"): (128, 2048, False),
 }
 BENCH_M = (1, 8, 64, 256, 1024, 4096, 16384)
+# probes (scripts/*_probe.py) also time Qwen3-8B's o_proj: every 8B weight has K >= 4096, so it is split
+PROBE_EXTRA_SHAPES = {("qwen3-8b", "o"): (4096, 4096, False)}
+
+
+def named_shapes() -> dict:
+    """``"model:layer" -> (N, K)`` of SHAPES and PROBE_EXTRA_SHAPES: the one weight table of the probe scripts."""
+    return {f"{m}:{l}": (n, k) for (m, l), (n, k, _) in {**SHAPES, **PROBE_EXTRA_SHAPES}.items()}
+
 CHECK_M = (8, 24, 64, 256, 1024, 4096, 16384, 65536)  # 24: the BLOCK_M=32 small-M row tile
 # accuracy vs fp32 math: the output is rounded once to bf16/fp16
 TOL = {torch.bfloat16: (1e-2, 1e-2), torch.float16: (2e-3, 2e-3)}
