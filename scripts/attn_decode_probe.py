@@ -12,11 +12,9 @@ interleaved rounds, and checks every variant's output bit for bit against the de
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import time
+
+from areal_tik_plugin.gpu import probe
 
 # name -> attention.decode overrides (free knobs; DECODE_WARPS / DECODE_STAGES / DECODE_MERGE_IN_LAST)
 VARIANTS = {
@@ -49,22 +47,13 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python scripts/attn_decode_probe.py")
-    ap.add_argument("--out", required=True)
+    ap = probe.parser("attn_decode_probe", rounds=3)
     ap.add_argument("--cases", default="1x8192,4x8192,16x4096,64x1024,1x1024")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (>= 1); medians reported")
-    args = ap.parse_args(argv)
-    try:
-        cases = parse_cases(args.cases)
-    except ValueError as e:
-        ap.error(str(e))
-    if args.rounds < 1:
-        ap.error(f"--rounds {args.rounds}: expected >= 1")
+    args, cases = probe.parse(ap, argv, lambda a: parse_cases(a.cases))
+    if probe.cuda_missing("attn_decode_probe"):
+        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("attn_decode_probe: needs a CUDA device", file=sys.stderr)
-        return 2
     from areal_tik_plugin import bench
     from areal_tik_plugin.gpu.attention import _pool_from_seqs, _rand, _sdpa_decode_fn
     from areal_tik_plugin.gpu.suite import bits
@@ -74,8 +63,7 @@ def main(argv=None) -> int:
     att = impl.module("attention")
     Hq, Hkv, D = 32, 8, 128
     sc = D ** -0.5
-    res = {"implementation": impl.name, "source_hash": impl.source_hash, "variants": VARIANTS, "rows": [],
-           "started": time.time()}
+    res = dict(probe.new_result(impl), variants=VARIANTS)
     torch.manual_seed(0)
     for B, ctx in cases:
         ks = [_rand(ctx, Hkv, D) for _ in range(B)]
@@ -100,13 +88,7 @@ def main(argv=None) -> int:
         print(f"b{B}/ctx{ctx:<6} " + "  ".join(f"{v} {u:.1f}" for v, u in row["us"].items())
               + f"  mismatches {row['mismatch'] or 0}", flush=True)
         torch.cuda.empty_cache()
-    res["seconds"] = time.time() - res["started"]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "attn_decode_probe.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    bad = sum(len(r["mismatch"]) for r in res["rows"])
-    print(f"{len(res['rows'])} cases, {bad} mismatching variants, {res['seconds']:.0f} s")
-    return 1 if bad else 0
+    return probe.write_result(res, args.out, "attn_decode_probe.json", "cases")
 
 
 if __name__ == "__main__":

@@ -58,8 +58,8 @@ def main(argv=None) -> int:
     serialized = []
 
     only = [p for p in args.only.split(",") if p]
-    # the split partial kernel's chunk loop with a fixed trip count (free knob SPLIT_PARTIAL_FIXED_TRIPS, absent
-    # before it lands): its variants are compiled in that form, and a serialized one is then a failure
+    # the split partial kernel's chunk loop with a fixed trip count (free knob SPLIT_PARTIAL_FIXED_TRIPS; an
+    # implementation without the knob compiles the runtime form): a serialized variant is then a failure
     fixed_trips = bool(getattr(gemm, "SPLIT_PARTIAL_FIXED_TRIPS", False))
 
     def compile_one(label, fn, sig, consts, aligned, opts, gemm_like=True):

@@ -26,12 +26,9 @@ token invariance holds for every configuration, so a mismatch is a bug and is re
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import time
 
+from areal_tik_plugin.gpu import probe
 from areal_tik_plugin.gpu.gemm import named_shapes
 
 # the split weights whose M=64 configuration the probe separates (narrow ones: few column tiles)
@@ -95,34 +92,25 @@ def parse_shapes(text: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python scripts/gemm_m64_probe.py")
-    ap.add_argument("--out", required=True)
+    ap = probe.parser("gemm_m64_probe", rounds=3)
     ap.add_argument("--shapes", default="qwen3-4b:o,qwen3-4b:down,qwen3-30b-a3b:o")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (>= 1); medians reported")
-    args = ap.parse_args(argv)
-    try:
-        shapes = parse_shapes(args.shapes)
-    except ValueError as e:
-        ap.error(str(e))
-    if args.rounds < 1:
-        ap.error(f"--rounds {args.rounds}: expected >= 1")
+    args, shapes = probe.parse(ap, argv, lambda a: parse_shapes(a.shapes))
+    if probe.cuda_missing("gemm_m64_probe"):
+        return 2
     import torch
     import torch.nn.functional as F
 
-    if not torch.cuda.is_available():
-        print("gemm_m64_probe: needs a CUDA device", file=sys.stderr)
-        return 2
     from areal_tik_plugin import bench
-    from areal_tik_plugin.gpu._rowops import stream_copies
+    from areal_tik_plugin.gpu.gemm import _weight_copies
     from areal_tik_plugin.gpu.suite import bits
     from areal_tik_plugin.loader import get_implementation
 
     impl = get_implementation()
     gemm = impl.module("gemm")
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    res = {"implementation": impl.name, "source_hash": impl.source_hash, "rows": [], "started": time.time()}
+    res = probe.new_result(impl)
     for name, (N, K) in shapes.items():
-        ws = [(torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16) for _ in range(stream_copies(N * K * 2))]
+        ws, _ = _weight_copies(N, K, False, seed=N + K)
         x = torch.randn(64, K, device="cuda", dtype=torch.bfloat16)
         alone = torch.stack([bits(gemm.linear(x[i:i + 1], ws[0]))[0] for i in range(64)])
         calls = variants(gemm, N, K, n_sms)
@@ -144,14 +132,7 @@ def main(argv=None) -> int:
               + f"  mismatches {row['mismatch'] or 0}", flush=True)
         del ws
         torch.cuda.empty_cache()
-    res["seconds"] = time.time() - res["started"]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gemm_m64_probe.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    bad = sum(len(r["mismatch"]) for r in res["rows"])
-    print(f"{len(res['rows'])} shapes, {bad} mismatching variants, {res['seconds']:.0f} s")
-    return 1 if bad else 0
-
+    return probe.write_result(res, args.out, "gemm_m64_probe.json", "shapes")
 
 if __name__ == "__main__":
     sys.exit(main())

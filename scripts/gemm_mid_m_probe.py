@@ -19,12 +19,9 @@ with the default's):
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import time
 
+from areal_tik_plugin.gpu import probe
 from areal_tik_plugin.gpu.gemm import SHAPES as _BENCH_SHAPES, named_shapes
 
 # the benchmark grid's weights without the lm_heads (their large tile already fills the GPU at M=128)
@@ -74,37 +71,28 @@ def parse_list(text: str, what: str, allowed=None, lo=None, hi=None) -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python scripts/gemm_mid_m_probe.py")
-    ap.add_argument("--out", required=True)
+    ap = probe.parser("gemm_mid_m_probe", rounds=2)
     ap.add_argument("--ms", default="128,256,512,1024")
     ap.add_argument("--shapes", default="all")
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (>= 1); medians reported")
-    args = ap.parse_args(argv)
-    try:
-        ms = parse_list(args.ms, "--ms", lo=65, hi=16384)
-        shapes = parse_list(args.shapes, "--shapes", allowed=SHAPES)
-    except ValueError as e:
-        ap.error(str(e))
-    if args.rounds < 1:
-        ap.error(f"--rounds {args.rounds}: expected >= 1")
+    args, (ms, shapes) = probe.parse(ap, argv, lambda a: (parse_list(a.ms, "--ms", lo=65, hi=16384),
+                                                          parse_list(a.shapes, "--shapes", allowed=SHAPES)))
+    if probe.cuda_missing("gemm_mid_m_probe"):
+        return 2
     import torch
     import torch.nn.functional as F
 
-    if not torch.cuda.is_available():
-        print("gemm_mid_m_probe: needs a CUDA device", file=sys.stderr)
-        return 2
     from areal_tik_plugin import bench
-    from areal_tik_plugin.gpu._rowops import stream_copies
+    from areal_tik_plugin.gpu.gemm import _weight_copies
     from areal_tik_plugin.gpu.suite import bits
     from areal_tik_plugin.loader import get_implementation
 
     impl = get_implementation()
     gemm = impl.module("gemm")
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    res = {"implementation": impl.name, "source_hash": impl.source_hash, "rows": [], "started": time.time()}
+    res = probe.new_result(impl)
     for name in shapes:
         N, K = SHAPES[name]
-        ws = [(torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16) for _ in range(stream_copies(N * K * 2))]
+        ws, _ = _weight_copies(N, K, False, seed=N + K)
         for M in ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             cfgs = variants(gemm, M, N, K, n_sms)
@@ -135,10 +123,6 @@ def main(argv=None) -> int:
                   + (f"  errors {sorted(row['errors'])}" if row["errors"] else ""), flush=True)
         del ws
         torch.cuda.empty_cache()
-    res["seconds"] = time.time() - res["started"]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gemm_mid_m_probe.json"), "w") as f:
-        json.dump(res, f, indent=1)
     import math
 
     def geo(vals):
@@ -148,9 +132,7 @@ def main(argv=None) -> int:
         rows = [r for r in res["rows"] if r["M"] == M]
         print(f"M={M}: vs cuBLAS default {geo([r['us']['cublas'] / r['us']['default'] for r in rows]):.3f}, "
               f"best per shape {geo([r['us']['cublas'] / r['us'][r['best']] for r in rows]):.3f}")
-    bad = sum(len(r["mismatch"]) for r in res["rows"])
-    print(f"{len(res['rows'])} rows, {bad} mismatching variants, {res['seconds']:.0f} s")
-    return 1 if bad else 0
+    return probe.write_result(res, args.out, "gemm_mid_m_probe.json", "rows")
 
 
 if __name__ == "__main__":

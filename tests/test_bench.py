@@ -86,3 +86,17 @@ def test_interleaved_medians_rounds_in_order_and_median():
 
     with pytest.raises(ValueError, match="rounds"):
         bench.interleaved_medians({"a": "a"}, time_fn, 0)
+
+
+def test_probe_result_written_and_mismatches_fail(tmp_path, capsys):
+    from areal_tik_plugin.gpu import probe
+
+    class Impl:
+        name, source_hash = "tik_v1", "abc"
+
+    res = probe.new_result(Impl())
+    res["rows"] += [{"mismatch": []}, {"mismatch": ["w8_s3"]}]
+    assert probe.write_result(res, str(tmp_path / "o"), "p.json", "cases") == 1
+    assert (tmp_path / "o" / "p.json").exists() and "2 cases, 1 mismatching variants" in capsys.readouterr().out
+    res["rows"].pop()
+    assert probe.write_result(res, str(tmp_path / "o"), "p.json", "cases") == 0
