@@ -317,3 +317,35 @@ def test_persistent_kernel_same_bits(K, N, monkeypatch):
             _assert_bits(gemm.linear(x, w, b, config=cfg), ref, f"{cfg['name']} K={K} N={N} bias={bias}")
     # TMA needs 16-byte row strides: K=100 / N=47 take the pointer kernel (the same bits, checked above)
     assert grids == ([] if K % 8 or N % 8 else [(3,)] * 4), grids
+
+
+def test_mid_m_rule(monkeypatch):
+    """64 < M where the large-M tile leaves SMs idle (fewer than MID_M_MIN_PROGRAMS_PER_SM programs per SM): the
+    decode-sized kernels over several row tiles (session-20 probe, evidence/probes/gemm_mid_m_probe-*)."""
+    gemm = get_implementation().module("gemm")
+    gemm._config_for.cache_clear()
+    try:
+        # Qwen3-4B o (split, 2 chunks) at M=256: 40 large tiles -> chunk partials 128 x 128 (2 x 20 x 2 = 80 programs)
+        cfg = gemm.config_for(256, 2560, 4096, 132)
+        assert (cfg["split"], cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"]) == ("partial", 128, 128, 8)
+        # Qwen3-30B-A3B o at M=256: 128 x 128 would give 64 programs -> 128 x 64 on 4 warps (128)
+        cfg = gemm.config_for(256, 2048, 4096, 132)
+        assert (cfg["split"], cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"]) == ("partial", 128, 64, 4)
+        # ... and at M=128 (32 / 64 programs at 128 rows) -> the last resort, 64 x 64 (128 programs)
+        cfg = gemm.config_for(128, 2048, 4096, 132)
+        assert (cfg["split"], cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"]) == ("partial", 64, 64, 4)
+        # the router (N 128, unsplit) up to M=4096: 64-row tiles; at 16384 the large tile has 128 tiles
+        assert gemm.config_for(1024, 128, 2048, 132)["name"] == "small_m64_n32_w4_fused_flat"
+        assert gemm.config_for(4096, 128, 2048, 132)["name"].startswith("small_m64_n64_w4_tma")
+        assert gemm.config_for(16384, 128, 2048, 132)["name"].startswith("large")
+        # unsplit, enough large tiles (Qwen3-4B gate_up at M=128: 152) -> the large tile stays
+        assert gemm.config_for(128, 19456, 2560, 132)["name"].startswith("large")
+        # Qwen3-4B qkv at M=128: 48 large tiles -> 64 x 128 on the TMA kernel (2 x 48 = 96 programs)
+        cfg = gemm.config_for(128, 6144, 2560, 132)
+        assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["tma"], cfg["split"]) == (64, 128, True, "fused")
+        monkeypatch.setattr(gemm, "MID_M", False)
+        gemm._config_for.cache_clear()
+        assert gemm.config_for(256, 2560, 4096, 132)["name"].startswith("large")
+        assert gemm.config_for(1024, 128, 2048, 132)["name"].startswith("large")
+    finally:
+        gemm._config_for.cache_clear()

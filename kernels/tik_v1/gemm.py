@@ -102,6 +102,22 @@ LARGE_M_SPLIT_TILES = (
     (128, 128, 8, 5, 1, 0.97),
     (128, 256, 8, 4, 1, 1.00),
 )
+# Mid M: M > 64 where the large-M tile chosen above gives fewer than MID_M_MIN_PROGRAMS_PER_SM programs per SM
+# (Qwen3-4B o at M=256: 2 x 20 tiles of 128 x 128 on 132 SMs, each program walking all of K). There the
+# decode-sized kernels run instead, over several row tiles: unsplit weights with 64-row tiles at the widest
+# BLOCK_N of MID_M_BLOCK_N that still gives that many programs (else the narrowest; TMA from
+# SMALL_M_TMA_MIN_BLOCK_N), split weights on the chunk-partial path (tiles x chunks programs) with the first
+# (BLOCK_M, BLOCK_N, warps) of MID_M_SPLIT_TILES that does (else the last: the most programs). Session-20 H200 probe (scripts/gemm_mid_m_probe.py,
+# 11 shapes x M 128 / 256 / 512 / 1024, weights streamed, 0 bit mismatches): the large tile had a floor of
+# ~10 us on small unsplit weights (Qwen2.5-1.5B o M=128: 10.4 vs 5.8 at 64 x 32; cuBLAS 5.9) and of one
+# program's whole K on split ones (Qwen3-4B down M=128: 49.5 vs 28.4 partial 128 x 128; cuBLAS 22.1); the
+# tile-count threshold 0.6 x SMs separates the points where the large tile won (80+ tiles) from those where
+# the smaller ones did (64 or fewer); 64 x 64 partials as the last resort: Qwen3-30B-A3B o at M=128 10.8 us
+# against 14.8 at 128 x 64 (32 / 64 programs at 128 rows; cuBLAS 9.9).
+MID_M = True
+MID_M_MIN_PROGRAMS_PER_SM = 0.6
+MID_M_BLOCK_N = (128, 64, 32)
+MID_M_SPLIT_TILES = ((128, 128, 8), (128, 64, 4), (64, 64, 4))
 # Small M on a split weight: the chunk-partial path (tiles x chunks programs, the ordered reduce in
 # each tile's last program), except a weight of <= SPLIT_FUSED_MAX_CHUNKS chunks that has >=
 # SPLIT_FUSED_MIN_PROGRAMS_PER_SM programs per SM at BLOCK_N SPLIT_FUSED_BLOCK_N (wide fused qkv /
@@ -146,6 +162,10 @@ KNOBS = {
         "LARGE_M_TILES": LARGE_M_TILES,
         "LARGE_M_SPLIT_TILES": LARGE_M_SPLIT_TILES,
         "LARGE_M_PERSISTENT": (False, True),
+        "MID_M": (False, True),
+        "MID_M_MIN_PROGRAMS_PER_SM": (0.3, 0.6, 1.0),
+        "MID_M_BLOCK_N": MID_M_BLOCK_N,
+        "MID_M_SPLIT_TILES": MID_M_SPLIT_TILES,
         "SPLIT_FUSED_MAX_CHUNKS": (1, 2, 3),
         "SPLIT_FUSED_BLOCK_N": (32, 64, 128),
         "SPLIT_FUSED_MIN_PROGRAMS_PER_SM": (0.6, 1.0, 1e9),
@@ -497,7 +517,22 @@ def _config_for(M: int, N: int, K: int, num_sms: int, cpu: bool) -> dict:
         est = waves * bm * bn * sharing / speed             # relative time model
         if est < best_time * (1 - 1e-9):
             best, best_time = (bm, bn, warps, stages), est
+    if MID_M and _cdiv(M, best[0]) * _cdiv(N, best[1]) < MID_M_MIN_PROGRAMS_PER_SM * num_sms:
+        return _mid_m_config(M, N, K, num_sms)
     return _large_config(*best, split_weight=split_weight)
+
+
+def _mid_m_config(M: int, N: int, K: int, num_sms: int) -> dict:
+    """The mid-M rule (MID_M_*; see the comments there): decode-sized kernels over several row tiles."""
+    want = MID_M_MIN_PROGRAMS_PER_SM * num_sms
+    chunks = _cdiv(K, split_chunk(K))
+    if chunks == 1:
+        progs = lambda b: _cdiv(M, 64) * _cdiv(N, b)  # noqa: E731
+        bn = next((b for b in MID_M_BLOCK_N if progs(b) >= want), MID_M_BLOCK_N[-1])
+        return _small_config(64, bn, split="fused", warps=4, programs=progs(bn), num_sms=num_sms, tma=SMALL_M_TMA)
+    progs = lambda t: _cdiv(M, t[0]) * _cdiv(N, t[1]) * chunks  # noqa: E731
+    bm, bn, warps = next((t for t in MID_M_SPLIT_TILES if progs(t) >= want), MID_M_SPLIT_TILES[-1])
+    return _small_config(bm, bn, split="partial", warps=warps, programs=progs((bm, bn)), num_sms=num_sms)
 
 
 def _large_config(bm: int, bn: int, warps: int, stages: int, split_weight: bool = False, flat=None,
@@ -587,6 +622,11 @@ def all_configs() -> list[dict]:
         fused = {SPLIT_FUSED_BLOCK_N} | ({SPLIT_FUSED_NARROW_BLOCK_N} if max_m >= SPLIT_FUSED_NARROW_MIN_M else set())
         for bn in sorted(fused | (set(bn_plain) if max_m > SPLIT_PARTIAL_MAX_M else set())):
             add(_small_config(bm, bn, split="fused", flat=True))
+    if MID_M:
+        for bn in MID_M_BLOCK_N:
+            add(_small_config(64, bn, split="fused", warps=4, tma=SMALL_M_TMA))
+        for bm, bn, warps in MID_M_SPLIT_TILES:
+            add(_small_config(bm, bn, split="partial", warps=warps))
     for bm, bn, w, st, _, _ in LARGE_M_TILES:
         add(_large_config(bm, bn, w, st))
         add(_large_config(bm, bn, w, st, persistent=False))
