@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 
 from areal_tik_plugin.gpu import probe
+from areal_tik_plugin.gpu.probe import parse_list
 from areal_tik_plugin.gpu.gemm import SHAPES as _BENCH_SHAPES, named_shapes
 
 # the benchmark grid's weights without the lm_heads (their large tile already fills the GPU at M=128)
@@ -50,24 +51,6 @@ def variants(gemm, M: int, N: int, K: int, n_sms: int) -> dict:
                                                         programs=cdiv(M, 64) * cdiv(N, bn), num_sms=n_sms)
         out["large_split_m64_n128"] = gemm._large_config(64, 128, 4, 4, split_weight=True)
     return out
-
-
-def parse_list(text: str, what: str, allowed=None, lo=None, hi=None) -> list:
-    items = [s for s in text.split(",") if s]
-    if allowed is not None:
-        if items == ["all"]:
-            return list(allowed)
-        bad = [s for s in items if s not in allowed]
-        if bad or not items:
-            raise ValueError(f"{what}: expected 'all' or a comma list of {sorted(allowed)}, got {text!r}")
-        return items
-    try:
-        vals = [int(s) for s in items]
-    except ValueError:
-        vals = []
-    if not vals or any(not lo <= v <= hi for v in vals):
-        raise ValueError(f"{what}: expected a comma list of integers in [{lo}, {hi}], got {text!r}")
-    return vals
 
 
 def main(argv=None) -> int:

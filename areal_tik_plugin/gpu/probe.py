@@ -54,3 +54,23 @@ def write_result(res: dict, out_dir: str, filename: str, what: str) -> int:
     bad = sum(len(r["mismatch"]) for r in res["rows"])
     print(f"{len(res['rows'])} {what}, {bad} mismatching variants, {res['seconds']:.0f} s")
     return 1 if bad else 0
+
+
+def parse_list(text: str, what: str, allowed=None, lo=None, hi=None) -> list:
+    """A comma list option: names out of ``allowed`` ('all' = every one), else integers in [lo, hi]; ValueError
+    with what was expected otherwise."""
+    items = [s for s in text.split(",") if s]
+    if allowed is not None:
+        if items == ["all"]:
+            return list(allowed)
+        bad = [s for s in items if s not in allowed]
+        if bad or not items:
+            raise ValueError(f"{what}: expected 'all' or a comma list of {sorted(allowed)}, got {text!r}")
+        return items
+    try:
+        vals = [int(s) for s in items]
+    except ValueError:
+        vals = []
+    if not vals or any(not lo <= v <= hi for v in vals):
+        raise ValueError(f"{what}: expected a comma list of integers in [{lo}, {hi}], got {text!r}")
+    return vals
