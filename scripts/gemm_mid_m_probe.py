@@ -62,11 +62,8 @@ def main(argv=None) -> int:
     if probe.cuda_missing("gemm_mid_m_probe"):
         return 2
     import torch
-    import torch.nn.functional as F
 
-    from areal_tik_plugin import bench
     from areal_tik_plugin.gpu.gemm import _weight_copies
-    from areal_tik_plugin.gpu.suite import bits
     from areal_tik_plugin.loader import get_implementation
 
     impl = get_implementation()
@@ -78,43 +75,16 @@ def main(argv=None) -> int:
         ws, _ = _weight_copies(N, K, False, seed=N + K)
         for M in ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-            cfgs = variants(gemm, M, N, K, n_sms)
-            row = {"shape": name, "M": M, "N": N, "K": K, "configs": {}, "mismatch": [], "errors": {}, "us": {}}
-            ref = bits(gemm.linear(x, ws[0], config=cfgs["default"]))
-            timed = {}
-            for v, c in cfgs.items():
-                row["configs"][v] = f"{c['name']}_s{c['num_stages']}"
-                try:
-                    y = gemm.linear(x, ws[0], config=c)
-                    torch.cuda.synchronize()
-                except Exception as e:  # noqa: BLE001 (e.g. out of shared memory: reported, not hidden)
-                    row["errors"][v] = f"{type(e).__name__}: {str(e)[:200]}"
-                    continue
-                if not torch.equal(bits(y), ref):
-                    row["mismatch"].append(v)
-                timed[v] = [lambda w=w, c=c: gemm.linear(x, w, config=c) for w in ws]
-            timed["cublas"] = [lambda w=w: F.linear(x, w) for w in ws]
-            row["us"], _ = bench.interleaved_medians(
-                timed, lambda fns: bench.time_graph_each_us(fns, rounds=10), args.rounds)
-            best = min((v for v in row["us"] if v != "cublas"), key=row["us"].get)
-            row["best"] = best
+            row = {"shape": name, "M": M, "N": N, "K": K,
+                   **probe.gemm_config_row(gemm, x, ws, variants(gemm, M, N, K, n_sms), args.rounds)}
             res["rows"].append(row)
-            print(f"{name:<22} M={M:<5} default {row['us']['default']:7.1f} ({row['configs']['default']})  best {best} "
-                  f"{row['us'][best]:7.1f}  cublas {row['us']['cublas']:7.1f}  | "
-                  + " ".join(f"{v} {u:.1f}" for v, u in row["us"].items() if v not in ("default", "cublas"))
-                  + (f"  MISMATCH {row['mismatch']}" if row["mismatch"] else "")
-                  + (f"  errors {sorted(row['errors'])}" if row["errors"] else ""), flush=True)
+            print(probe.gemm_row_line(f"{name:<22} M={M:<5}", row), flush=True)
         del ws
         torch.cuda.empty_cache()
-    import math
-
-    def geo(vals):
-        return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
-
     for M in ms:
         rows = [r for r in res["rows"] if r["M"] == M]
-        print(f"M={M}: vs cuBLAS default {geo([r['us']['cublas'] / r['us']['default'] for r in rows]):.3f}, "
-              f"best per shape {geo([r['us']['cublas'] / r['us'][r['best']] for r in rows]):.3f}")
+        print(f"M={M}: vs cuBLAS default {probe.geomean([r['us']['cublas'] / r['us']['default'] for r in rows]):.3f}, "
+              f"best per shape {probe.geomean([r['us']['cublas'] / r['us'][r['best']] for r in rows]):.3f}")
     return probe.write_result(res, args.out, "gemm_mid_m_probe.json", "rows")
 
 

@@ -100,3 +100,40 @@ def test_probe_result_written_and_mismatches_fail(tmp_path, capsys):
     assert (tmp_path / "o" / "p.json").exists() and "2 cases, 1 mismatching variants" in capsys.readouterr().out
     res["rows"].pop()
     assert probe.write_result(res, str(tmp_path / "o"), "p.json", "cases") == 0
+
+
+def test_gemm_config_row_checks_bits_reports_errors_and_times_all():
+    """gpu.probe.gemm_config_row on the CPU (interpreter): every configuration compared bit for bit with the
+    default's output, a failing one listed under errors (not timed), a mismatching one listed, cuBLAS timed too;
+    odd shapes."""
+    import pytest
+    import torch
+
+    from areal_tik_plugin.gpu import probe
+    from areal_tik_plugin.loader import get_implementation
+
+    gemm = get_implementation().module("gemm")
+    M, N, K = 5, 40, 200
+    x = torch.randn(M, K, dtype=torch.bfloat16)
+    ws = [torch.randn(N, K, dtype=torch.bfloat16) for _ in range(2)]
+    default = gemm.config_for(M, N, K, cpu=True)
+
+    class Skewed:  # one configuration returns other bits
+        @staticmethod
+        def linear(x, w, config=None):
+            y = gemm.linear(x, w, config=config)
+            return y + 1 if config.get("skew") else y
+
+    cfgs = {"default": default, "same": dict(default), "skewed": dict(default, skew=True),
+            "broken": {"name": "nope", "num_stages": 1}}
+    launched, timed = [], []
+    row = probe.gemm_config_row(Skewed, x, ws, cfgs, rounds=2,
+                                time_fn=lambda fns: timed.append(len(fns)) or float(len(timed)),
+                                before_launch=lambda v, lab: launched.append(v))
+    assert launched == list(cfgs)
+    assert row["mismatch"] == ["skewed"] and list(row["errors"]) == ["broken"]
+    assert set(row["us"]) == {"default", "same", "skewed", "cublas"} and set(timed) == {2} and len(timed) == 8
+    assert row["best"] == "default" and row["configs"]["broken"] == "nope_s1"
+    line = probe.gemm_row_line("w M=5", row)
+    assert "MISMATCH ['skewed']" in line and "errors ['broken']" in line
+    assert probe.geomean([2.0, 8.0]) == pytest.approx(4.0) and probe.geomean([]) != probe.geomean([])
