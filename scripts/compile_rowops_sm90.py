@@ -244,11 +244,14 @@ def main(argv=None) -> int:
             # the natural-exp form (contract LOGPROB_EXP "exp"; "exp2" is one multiply per element less)
             "no entropy exp": lambda: _with(lp, EXP2=False)(lambda: lp.forward(
                 torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7, entropy=False)),
+            # the sum of exp and the entropy sum in two reductions (FUSED_SUMS off; on: one two-operand reduce)
+            "separate sums": lambda: _with(lp, FUSED_SUMS=False)(lambda: lp.forward(
+                torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7)),
         }.items():
             for name, c in compile_all(f"logprob V={Vn} {label}", fn):
                 if name == "_logprob_partial_kernel":
                     ttg[label] = reduce_layouts(c.asm["ttgir"])
-                    if label in ("T=1", "entropy select-free", "no entropy", "no entropy exp"):  # per-element instruction counts
+                    if label in ("T=1", "entropy select-free", "no entropy", "no entropy exp", "separate sums"):  # per-element instruction counts
                         ptx = c.asm["ptx"]
                         ops = dict(collections.Counter(m.group(1) for m in re.finditer(
                             r"^\s*((?:mul|fma|sub|add|max|ex2|cvt|shl|prmt|neg|mov|setp|selp|and|or)\.[\w.]+)", ptx, re.M)))
@@ -257,8 +260,12 @@ def main(argv=None) -> int:
                         failures.append(f"logprob V={Vn}: EVICT_FIRST compiled without an evict_first load")
         ref = ttg.get("T=1")
         for label, lay in ttg.items():
-            if lay != (ref[:2] if label.startswith("no entropy") else ref):  # (max, sum exp[, entropy sum])
-                failures.append(f"logprob V={Vn}: chunk reduce layout of '{label}' {lay} != T=1 {ref}")
+            # (max, sum exp[, entropy sum]); FUSED_SUMS: (max, (sum exp, entropy sum)), one reduce for both sums
+            want = ref[:2] if label.startswith("no entropy") else ref
+            if getattr(lp, "FUSED_SUMS", False) and label == "separate sums":
+                want = ref[:2] + ref[1:2]
+            if lay != want:
+                failures.append(f"logprob V={Vn}: chunk reduce layout of '{label}' {lay} != {want}")
         print(f"logprob V={Vn}: chunk reduce layouts {ref}")
         compile_all(f"logprob.backward V={Vn}", lambda: lp.backward(
             torch.empty(3, Vn, dtype=bf16), torch.zeros(3, dtype=torch.int64), 1.0, torch.empty(3), torch.empty(3),

@@ -8,7 +8,11 @@ Variants probed and removed (not faster; evidence/probes/): session 15, log-prob
 several rows and the next row prefetched, a row-major program order, a register cap; session 16
 (rowops_knob_probe-tik_v1-e8d0ca06a7a5), a persistent software-pipelined log-prob partial kernel (0.45-0.54
 of HBM against 0.58-0.68), the same loop for RoPE's token tiles (slower on 5 of 6 rows), and a KV-write
-variant issuing both loads before the stores (within +-4%, no consistent sign).
+variant issuing both loads before the stores (within +-4%, no consistent sign); session 22
+(rowops_knob_probe-logprob-{HOST_INV,FULL_UNMASKED}-tik_v1-4bd15508154c), a scalar temperature's 1/T computed
+on the host instead of a div_rn per partial program, and unmasked loads for every whole chunk: ~25% fewer
+instructions on the sm_90 hot path, same bits, share of HBM x0.99-1.01 at T 1024 / 4096 (the kernel is not
+issue-bound) and lower, within a wide spread, at T 16384.
 
     python scripts/rowops_knob_probe.py --out DIR [--ops rope,kv_write,rope_kv,logprob]
 
@@ -42,7 +46,7 @@ LOGPROB_KNOBS = {"MERGE_ROWS": (64, 128, 256), "EVICT_FIRST": (False, True)}
 # --logprob-ab KNOB: a log-prob knob off against on (EXP2, the coupled base-2 sums, changes bits by design;
 # SELECT_FREE, a free knob, must not), with and without the entropy, interleaved over --rounds rounds; each
 # row also carries logp's largest error against an fp64 log_softmax on the first LOGPROB_ACC_ROWS rows
-LOGPROB_AB = {"EXP2": "coupled", "SELECT_FREE": "free"}
+LOGPROB_AB = {"EXP2": "coupled", "SELECT_FREE": "free", "FUSED_SUMS": "free"}
 LOGPROB_ACC_ROWS = 64
 VOCAB = 151936
 DEV = "cuda"      # the CPU test runs the probes on "cpu" under the Triton interpreter, timings stubbed

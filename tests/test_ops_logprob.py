@@ -261,3 +261,33 @@ def test_select_free_entropy_knob_same_bits(monkeypatch, exp2):
     out = m.forward(x, tok, 0.8)
     for a, b, name in zip(out, ref, ("logp", "entropy", "lse")):
         assert_bitwise(a, b, name)
+
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_fused_sums_kernel_form(entropy):
+    """FUSED_SUMS (compiled kernels; forward() keeps the two tl.sum under the interpreter, where a
+    two-operand reduce is ~60x slower): the partial kernel with the fused form, launched directly, gives the
+    chunk partials of the separate form (max exactly; sums to fp32 rounding: the interpreter's generic reduce
+    adds in another order) on rows with -inf logits and a partial last chunk. Bits of the two forms are
+    compared on the GPU (the GPU suite's free-knob checks)."""
+    import math
+
+    m = get_implementation().module("logprob")
+    chunk = get_implementation().contract.LOGPROB_VOCAB_CHUNK
+    T, V = 3, chunk + 700
+    x, _ = make(T, V, torch.float32, seed=43)
+    x[1, :chunk // 2] = -float("inf")
+    nc = math.ceil(V / chunk)
+    out = {}
+    for fused in (False, True):
+        ws = torch.full((T, nc, 4), float("nan"))
+        m._logprob_partial_kernel[(T, nc)](
+            x, torch.empty(1), ws, T, x.stride(0), 0.7, V=V, NC=nc, CHUNK=chunk, VEC=1,
+            GROUP=get_implementation().contract.LOGPROB_LOAD_GROUP, PER_ROW_T=False, ENTROPY=entropy,
+            EXP2=bool(m.EXP2), SELECT_FREE=bool(m.SELECT_FREE), FUSED_SUMS=fused)
+        out[fused] = ws
+    n = 3 if entropy else 2
+    assert_bitwise(out[True][..., 0], out[False][..., 0], "chunk max")
+    assert torch.allclose(out[True][..., 1:n], out[False][..., 1:n], rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(out[True][..., :n]).all()

@@ -115,6 +115,15 @@ def _check_free_knobs(rec):
         tag = f"{tag}={flip}"
         for i, name in enumerate(("logp", "entropy", "lse")):
             rec.bitwise(f"free_knobs_{name}[{tag}]", o[i], want[i])
+    # the sum of exp and the entropy sum in one two-operand reduction or in two (each operand: tl.sum's tree)
+    if hasattr(m, "FUSED_SUMS"):
+        flip = not m.FUSED_SUMS
+        for data, t, want, tag in ((x, tok, ref, "fused_sums"), (xm, tm, ref_m, "fused_sums/masked")):
+            with knobs(m, FUSED_SUMS=flip):
+                o = m.forward(data, t, 1.0)
+            tag = f"{tag}={flip}"
+            for i, name in enumerate(("logp", "entropy", "lse")):
+                rec.bitwise(f"free_knobs_{name}[{tag}]", o[i], want[i])
 
 
 def _check_graph(rec):

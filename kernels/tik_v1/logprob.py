@@ -42,7 +42,7 @@ KNOBS = {
     "coupled": {"LOGPROB_VOCAB_CHUNK": C.LOGPROB_VOCAB_CHUNK, "LOGPROB_CHUNK_WARPS": C.LOGPROB_CHUNK_WARPS,
                 "LOGPROB_EXP": C.LOGPROB_EXP},
     "free": {"MERGE_ROWS": (32, 64, 128, 256), "BWD_WARPS": (4, 8), "EVICT_FIRST": (False, True),
-             "SELECT_FREE": (False, True)},
+             "SELECT_FREE": (False, True), "FUSED_SUMS": (False, True)},
 }
 # base-2 sums (see the module docstring; contract LOGPROB_EXP): coupled, changes the bits of every row on
 # every path at once. Session-18 probe (rowops_knob_probe-tik_v1-0e693b94a885, 3 interleaved rounds, medians):
@@ -60,6 +60,14 @@ MERGE_ROWS = 128
 # HBM at T 1024 / 4096 / 16384 0.701 / 0.832 / 0.855 -> 0.742 / 0.840 / 0.867.
 EVICT_FIRST = True
 BWD_WARPS = 4
+# with the entropy: the chunk's sum of exp and its entropy sum in one two-operand tl.reduce (one shuffle and
+# shared-memory pass, 8 -> 5 barriers per program on sm_90) instead of two tl.sum. Free knob on the GPU: each
+# operand gets tl.sum's tree (the GPU suite flips it and compares bits). Compiled kernels only: the Triton
+# interpreter runs a two-operand reduce ~60x slower than tl.sum and in another order, so under it forward()
+# keeps the two tl.sum (tests/test_ops_logprob.py runs the fused kernel directly once). Session-22 probe (rowops_knob_probe-logprob-FUSED_SUMS-tik_v1-
+# 52cebca21e4d, 4 interleaved rounds, medians), share of HBM with the entropy at T 1024 / 4096 / 16384: 0.744 /
+# 0.828 / 0.808 -> 0.761 / 0.850 / 0.828; without the entropy (not used there) x0.99-1.00; bits equal.
+FUSED_SUMS = True
 
 
 @triton.jit
@@ -90,12 +98,17 @@ def _log(x, EXP2: tl.constexpr):
         return tl.log(x)
 
 
+@triton.jit
+def _add_pair(l1, a1, l2, a2):
+    return l1 + l2, a1 + a2
+
+
 @triton.jit(do_not_specialize=["n_rows", "sx"])
 def _logprob_partial_kernel(
     X, TEMP, WS, n_rows, sx, temp_scalar,
     V: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, GROUP: tl.constexpr,
     PER_ROW_T: tl.constexpr, ENTROPY: tl.constexpr = True, EVICT: tl.constexpr = "", PDL: tl.constexpr = False,
-    EXP2: tl.constexpr = False, SELECT_FREE: tl.constexpr = False,
+    EXP2: tl.constexpr = False, SELECT_FREE: tl.constexpr = False, FUSED_SUMS: tl.constexpr = False,
 ):
     pdl_start(PDL)
     row = tl.program_id(0)
@@ -112,16 +125,22 @@ def _logprob_partial_kernel(
     m = tl.max(s, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     e = _exp(s - m_safe, EXP2)
-    l = tl.sum(e, 0)
     base = (row.to(tl.int64) * NC + c) * 4
-    tl.store(WS + base, m)
-    tl.store(WS + base + 1, l)
     if ENTROPY:
         if SELECT_FREE:  # -inf logits (e == 0) give 0 * -FLT_MAX = -0.0 instead of a select: same sums
-            a = tl.sum(e * tl.maximum(s - m_safe, -3.4028234663852886e38), 0)
+            ea = e * tl.maximum(s - m_safe, -3.4028234663852886e38)
         else:
-            a = tl.sum(e * tl.where(e > 0.0, s - m_safe, 0.0), 0)
+            ea = e * tl.where(e > 0.0, s - m_safe, 0.0)
+        if FUSED_SUMS:  # both sums in one two-operand reduction: one shuffle / shared-memory pass
+            l, a = tl.reduce((e, ea), 0, _add_pair)
+        else:
+            l = tl.sum(e, 0)
+            a = tl.sum(ea, 0)
         tl.store(WS + base + 2, a)
+    else:
+        l = tl.sum(e, 0)
+    tl.store(WS + base, m)
+    tl.store(WS + base + 1, l)
 
 
 @triton.jit
@@ -245,7 +264,8 @@ def forward(logits, tokens, temperature=1.0, entropy=True):
     launch(_logprob_partial_kernel, (T, nc),
         x, temp, ws, T, sx, t_scalar, V=V, NC=nc, CHUNK=chunk, VEC=vec, GROUP=C.LOGPROB_LOAD_GROUP,
         PER_ROW_T=per_row, ENTROPY=bool(entropy), EVICT="evict_first" if EVICT_FIRST else "", EXP2=bool(EXP2),
-        SELECT_FREE=bool(SELECT_FREE), **launch_opts(C.LOGPROB_CHUNK_WARPS),
+        SELECT_FREE=bool(SELECT_FREE), FUSED_SUMS=bool(FUSED_SUMS) and not interpreting(),
+        **launch_opts(C.LOGPROB_CHUNK_WARPS),
     )
     launch(_logprob_merge_kernel, (_cdiv(T, MERGE_ROWS),),
         x, tokens, temp, ws, logp, ent if entropy else lse, lse, T, sx, t_scalar,
