@@ -48,6 +48,10 @@ LOGPROB_KNOBS = {"MERGE_ROWS": (64, 128, 256), "EVICT_FIRST": (False, True)}
 # row also carries logp's largest error against an fp64 log_softmax on the first LOGPROB_ACC_ROWS rows
 LOGPROB_AB = {"EXP2": "coupled", "SELECT_FREE": "free", "FUSED_SUMS": "free"}
 LOGPROB_ACC_ROWS = 64
+# --logprob-contract NAME=VALUE: the same interleaved A/B for one of the log-prob's coupled contract constants
+# (contract.py: LOGPROB_CHUNK_WARPS, LOGPROB_LOAD_GROUP, LOGPROB_VOCAB_CHUNK), its current value against VALUE,
+# set on the contract module for the probe only (bits differ by design)
+LOGPROB_CONTRACT = ("LOGPROB_CHUNK_WARPS", "LOGPROB_LOAD_GROUP", "LOGPROB_VOCAB_CHUNK")
 VOCAB = 151936
 DEV = "cuda"      # the CPU test runs the probes on "cpu" under the Triton interpreter, timings stubbed
 OPS = ("rope", "kv_write", "rope_kv", "logprob")
@@ -184,8 +188,12 @@ def probe_kv_write(impl, rows):
         del kc, vc, k, v, copies
 
 
-def probe_logprob(impl, rows, ab=None, rounds=1):
+def probe_logprob(impl, rows, ab=None, rounds=1, contract=None):
+    """``ab``: a log-prob module knob off / on; ``contract``: (NAME, VALUE) of a contract constant, the
+    current value (row knob ``NAME=VALUE`` False) against VALUE (True)."""
     lp = impl.module("logprob")
+    if contract:
+        ab = f"{contract[0]}={contract[1]}"
     for T in LOGPROB_T:
         g = torch.Generator(device=DEV).manual_seed(T)
         x = (torch.randn(T, VOCAB, device=DEV, generator=g) * 4).to(torch.bfloat16)
@@ -203,8 +211,11 @@ def probe_logprob(impl, rows, ab=None, rounds=1):
         for combo in combos:
             kn = {k: v for k, v in combo.items() if k != "entropy"}
             ent = combo["entropy"]
+            mod = lp
+            if contract:
+                mod, kn = lp.C, ({contract[0]: contract[1]} if combo[ab] else {})
             try:
-                with knob_values(lp, **kn):
+                with knob_values(mod, **kn):
                     out = lp.forward(x, tok, 0.7, entropy=ent)
                     _sync()
                     same = _same(out, ref)  # entropy=False: logp and lse (the entropy slot is None)
@@ -274,6 +285,8 @@ def main(argv=None) -> int:
     ap.add_argument("--logprob-ab", default="", metavar="KNOB",
                     help=f"log-prob: KNOB off against on, one of {sorted(LOGPROB_AB)} (EXP2 changes bits by design)")
     ap.add_argument("--logprob-exp2", action="store_true", help="= --logprob-ab EXP2")
+    ap.add_argument("--logprob-contract", default="", metavar="NAME=VALUE",
+                    help=f"log-prob: a coupled contract constant at its value against VALUE, one of {list(LOGPROB_CONTRACT)}")
     ap.add_argument("--rounds", type=int, default=3, help="with --logprob-ab: interleaved rounds (>= 1)")
     args = ap.parse_args(argv)
     if args.rounds < 1:
@@ -281,6 +294,15 @@ def main(argv=None) -> int:
     ab = "EXP2" if args.logprob_exp2 else args.logprob_ab
     if ab and ab not in LOGPROB_AB:
         ap.error(f"--logprob-ab {ab!r}: expected one of {sorted(LOGPROB_AB)}")
+    contract = None
+    if args.logprob_contract:
+        name, _, value = args.logprob_contract.partition("=")
+        if name not in LOGPROB_CONTRACT or not value.isdigit() or int(value) < 1:
+            ap.error(f"--logprob-contract {args.logprob_contract!r}: expected NAME=VALUE with NAME one of "
+                     f"{list(LOGPROB_CONTRACT)} and VALUE a positive integer")
+        if ab:
+            ap.error("--logprob-contract and --logprob-ab: one A/B per run")
+        contract = (name, int(value))
     from areal_tik_plugin.loader import get_implementation
 
     impl = get_implementation()
@@ -297,19 +319,23 @@ def main(argv=None) -> int:
     if "rope_kv" in ops:
         probe_rope_kv(impl, rows)
     if "logprob" in ops:
-        probe_logprob(impl, rows, ab=ab or None, rounds=args.rounds)
+        probe_logprob(impl, rows, ab=ab or None, rounds=args.rounds, contract=contract)
     res = {"implementation": impl.name, "source_hash": impl.source_hash, "argv": sys.argv, "rows": rows,
            "seconds": time.time() - t0}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "rowops_knob_probe.json"), "w") as f:
         json.dump(res, f, indent=1)
+    if contract:
+        ab = f"{contract[0]}={contract[1]}"
     if ab:
         _print_ab(rows, ab)
     _print_best(rows)
     # rows with a coupled knob set differ from the default by design; every other row must not
     lp = impl.module("logprob")
-    bad = unexpected_mismatches(rows, {k: getattr(lp, k) for k, kind in LOGPROB_AB.items()
-                                       if kind == "coupled" and hasattr(lp, k)})
+    coupled_now = {k: getattr(lp, k) for k, kind in LOGPROB_AB.items() if kind == "coupled" and hasattr(lp, k)}
+    if contract:
+        coupled_now[ab] = False   # the contract constant moved (True): bits differ by design
+    bad = unexpected_mismatches(rows, coupled_now)
     print(f"{len(rows)} rows, {len(bad)} with bits differing from the default, {res['seconds']:.0f} s")
     return 1 if bad else 0
 

@@ -66,3 +66,38 @@ def test_rope_kv_and_logprob_ab_probes_run_on_cpu(monkeypatch):
     lp = impl.module("logprob")
     assert not p.unexpected_mismatches(rows, {"EXP2": lp.EXP2})
     assert any(not r["bits_equal_default"] for r in rows if r["op"] == "logprob")  # EXP2 moved: bits differ
+
+
+def test_logprob_contract_ab_runs_on_cpu(monkeypatch, capsys):
+    """--logprob-contract: a coupled contract constant at its value against another, interleaved; the
+    constant is restored after every row, rows with it moved may differ in bits, the others may not."""
+    import types
+
+    from areal_tik_plugin.loader import get_implementation
+
+    p = _probe()
+    impl = get_implementation()
+    C = impl.module("logprob").C
+    before = C.LOGPROB_LOAD_GROUP
+    monkeypatch.setattr(p, "DEV", "cpu")
+    monkeypatch.setattr(p, "bench", types.SimpleNamespace(time_graph_us=lambda fn, **kw: 1.0))
+    monkeypatch.setattr(p, "LOGPROB_T", (3,))
+    monkeypatch.setattr(p, "VOCAB", 5000)
+    rows = []
+    p.probe_logprob(impl, rows, rounds=2, contract=("LOGPROB_LOAD_GROUP", 2))
+    assert C.LOGPROB_LOAD_GROUP == before
+    assert not [r for r in rows if "error" in r]
+    assert len(rows) == 2 * 2 * 2 and {tuple(sorted(r["knobs"])) for r in rows} == {("LOGPROB_LOAD_GROUP=2", "entropy")}
+    assert all(r["bits_equal_default"] for r in rows if not r["knobs"]["LOGPROB_LOAD_GROUP=2"])
+    assert not p.unexpected_mismatches(rows, {"LOGPROB_LOAD_GROUP=2": False})
+
+
+def test_logprob_contract_bad_arguments(capsys):
+    import pytest
+
+    p = _probe()
+    for bad in ("LOGPROB_EXP=exp", "LOGPROB_CHUNK_WARPS=0", "LOGPROB_CHUNK_WARPS", "MERGE_ROWS=64"):
+        with pytest.raises(SystemExit) as e:
+            p.main(["--out", "/tmp/x", "--ops", "logprob", "--logprob-contract", bad])
+        assert e.value.code == 2
+        assert "expected NAME=VALUE" in capsys.readouterr().err
