@@ -188,13 +188,13 @@ def probe_kv_write(impl, rows):
         del kc, vc, k, v, copies
 
 
-def probe_logprob(impl, rows, ab=None, rounds=1, contract=None):
+def probe_logprob(impl, rows, ab=None, rounds=1, contract=None, ts=None):
     """``ab``: a log-prob module knob off / on; ``contract``: (NAME, VALUE) of a contract constant, the
-    current value (row knob ``NAME=VALUE`` False) against VALUE (True)."""
+    current value (row knob ``NAME=VALUE`` False) against VALUE (True); ``ts``: row counts (LOGPROB_T)."""
     lp = impl.module("logprob")
     if contract:
         ab = f"{contract[0]}={contract[1]}"
-    for T in LOGPROB_T:
+    for T in ts or LOGPROB_T:
         g = torch.Generator(device=DEV).manual_seed(T)
         x = (torch.randn(T, VOCAB, device=DEV, generator=g) * 4).to(torch.bfloat16)
         tok = torch.randint(0, VOCAB, (T,), device=DEV, generator=g)
@@ -263,7 +263,7 @@ def unexpected_mismatches(rows, coupled_now):
 def _print_ab(rows, ab):
     """Median HBM share per (T, entropy) of knob ``ab`` off / on over the rounds, and logp's largest error."""
     print(f"log-prob {ab} (median share of HBM over the rounds; logp max |err| vs fp64):")
-    for T in LOGPROB_T:
+    for T in sorted({r["T"] for r in rows if r["op"] == "logprob"}):
         for ent in (False, True):
             cell = {}
             for b in (False, True):
@@ -287,6 +287,8 @@ def main(argv=None) -> int:
     ap.add_argument("--logprob-exp2", action="store_true", help="= --logprob-ab EXP2")
     ap.add_argument("--logprob-contract", default="", metavar="NAME=VALUE",
                     help=f"log-prob: a coupled contract constant at its value against VALUE, one of {list(LOGPROB_CONTRACT)}")
+    ap.add_argument("--logprob-t", default="", metavar="T,T,...",
+                    help=f"log-prob row counts (default {','.join(map(str, LOGPROB_T))}; the sampler's calls are 1..256)")
     ap.add_argument("--rounds", type=int, default=3, help="with --logprob-ab: interleaved rounds (>= 1)")
     args = ap.parse_args(argv)
     if args.rounds < 1:
@@ -294,6 +296,14 @@ def main(argv=None) -> int:
     ab = "EXP2" if args.logprob_exp2 else args.logprob_ab
     if ab and ab not in LOGPROB_AB:
         ap.error(f"--logprob-ab {ab!r}: expected one of {sorted(LOGPROB_AB)}")
+    ts = None
+    if args.logprob_t:
+        try:
+            ts = tuple(int(t) for t in args.logprob_t.split(","))
+        except ValueError:
+            ts = ()
+        if not ts or min(ts) < 1 or max(ts) > 65536:
+            ap.error(f"--logprob-t {args.logprob_t!r}: expected a comma list of row counts in 1..65536")
     contract = None
     if args.logprob_contract:
         name, _, value = args.logprob_contract.partition("=")
@@ -319,7 +329,7 @@ def main(argv=None) -> int:
     if "rope_kv" in ops:
         probe_rope_kv(impl, rows)
     if "logprob" in ops:
-        probe_logprob(impl, rows, ab=ab or None, rounds=args.rounds, contract=contract)
+        probe_logprob(impl, rows, ab=ab or None, rounds=args.rounds, contract=contract, ts=ts)
     res = {"implementation": impl.name, "source_hash": impl.source_hash, "argv": sys.argv, "rows": rows,
            "seconds": time.time() - t0}
     os.makedirs(args.out, exist_ok=True)
