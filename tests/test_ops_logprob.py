@@ -289,5 +289,5 @@ def test_fused_sums_kernel_form(entropy):
         out[fused] = ws
     n = 3 if entropy else 2
     assert_bitwise(out[True][..., 0], out[False][..., 0], "chunk max")
-    assert torch.allclose(out[True][..., 1:n], out[False][..., 1:n], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(out[True][..., 1:n], out[False][..., 1:n], rtol=2e-4, atol=1e-5)  # sums of up to 8192 terms
     assert torch.isfinite(out[True][..., :n]).all()
