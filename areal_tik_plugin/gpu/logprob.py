@@ -108,18 +108,14 @@ def _check_free_knobs(rec):
     tm = tok.clone()
     tm[0], tm[1] = 1, 1  # a logit that is not masked: a finite logp (the bitwise checks require finite values)
     ref_m = m.forward(xm, tm, 1.0)
-    flip = not m.SELECT_FREE  # the setting the default does not run
-    for data, t, want, tag in ((x, tok, ref, "select_free"), (xm, tm, ref_m, "select_free/masked")):
-        with knobs(m, SELECT_FREE=flip):
-            o = m.forward(data, t, 1.0)
-        tag = f"{tag}={flip}"
-        for i, name in enumerate(("logp", "entropy", "lse")):
-            rec.bitwise(f"free_knobs_{name}[{tag}]", o[i], want[i])
-    # the sum of exp and the entropy sum in one two-operand reduction or in two (each operand: tl.sum's tree)
-    if hasattr(m, "FUSED_SUMS"):
-        flip = not m.FUSED_SUMS
-        for data, t, want, tag in ((x, tok, ref, "fused_sums"), (xm, tm, ref_m, "fused_sums/masked")):
-            with knobs(m, FUSED_SUMS=flip):
+    # ... and the sum of exp and the entropy sum in one two-operand reduction or in two (FUSED_SUMS; each
+    # operand gets tl.sum's tree): each knob at the setting the default does not run
+    for knob in ("SELECT_FREE", "FUSED_SUMS"):
+        if not hasattr(m, knob):
+            continue
+        flip = not getattr(m, knob)
+        for data, t, want, tag in ((x, tok, ref, knob.lower()), (xm, tm, ref_m, f"{knob.lower()}/masked")):
+            with knobs(m, **{knob: flip}):
                 o = m.forward(data, t, 1.0)
             tag = f"{tag}={flip}"
             for i, name in enumerate(("logp", "entropy", "lse")):
