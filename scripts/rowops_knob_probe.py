@@ -34,6 +34,7 @@ import torch
 
 from areal_tik_plugin import bench
 from areal_tik_plugin.gpu._rowops import HBM_TBPS, knobs as knob_values, stream_copies
+from areal_tik_plugin.gpu.probe import parse_list
 from areal_tik_plugin.gpu.suite import bits
 
 ROPE_MODELS = {"qwen2.5-1.5b": (12, 2), "qwen3-4b": (32, 8), "qwen3-30b-a3b": (32, 4)}
@@ -188,12 +189,17 @@ def probe_kv_write(impl, rows):
         del kc, vc, k, v, copies
 
 
+def contract_label(contract) -> str:
+    """The row knob of a --logprob-contract A/B: ``NAME=VALUE`` (False: the contract's value, True: VALUE)."""
+    return f"{contract[0]}={contract[1]}"
+
+
 def probe_logprob(impl, rows, ab=None, rounds=1, contract=None, ts=None):
     """``ab``: a log-prob module knob off / on; ``contract``: (NAME, VALUE) of a contract constant, the
     current value (row knob ``NAME=VALUE`` False) against VALUE (True); ``ts``: row counts (LOGPROB_T)."""
     lp = impl.module("logprob")
     if contract:
-        ab = f"{contract[0]}={contract[1]}"
+        ab = contract_label(contract)
     for T in ts or LOGPROB_T:
         g = torch.Generator(device=DEV).manual_seed(T)
         x = (torch.randn(T, VOCAB, device=DEV, generator=g) * 4).to(torch.bfloat16)
@@ -299,11 +305,9 @@ def main(argv=None) -> int:
     ts = None
     if args.logprob_t:
         try:
-            ts = tuple(int(t) for t in args.logprob_t.split(","))
-        except ValueError:
-            ts = ()
-        if not ts or min(ts) < 1 or max(ts) > 65536:
-            ap.error(f"--logprob-t {args.logprob_t!r}: expected a comma list of row counts in 1..65536")
+            ts = parse_list(args.logprob_t, "--logprob-t (row counts)", lo=1, hi=65536)
+        except ValueError as e:
+            ap.error(str(e))
     contract = None
     if args.logprob_contract:
         name, _, value = args.logprob_contract.partition("=")
@@ -336,7 +340,7 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "rowops_knob_probe.json"), "w") as f:
         json.dump(res, f, indent=1)
     if contract:
-        ab = f"{contract[0]}={contract[1]}"
+        ab = contract_label(contract)
     if ab:
         _print_ab(rows, ab)
     _print_best(rows)

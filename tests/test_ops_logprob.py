@@ -263,7 +263,6 @@ def test_select_free_entropy_knob_same_bits(monkeypatch, exp2):
         assert_bitwise(a, b, name)
 
 
-
 @pytest.mark.parametrize("entropy", [False, True])
 def test_fused_sums_kernel_form(entropy):
     """FUSED_SUMS (compiled kernels; forward() keeps the two tl.sum under the interpreter, where a
@@ -274,7 +273,8 @@ def test_fused_sums_kernel_form(entropy):
     import math
 
     m = get_implementation().module("logprob")
-    chunk = get_implementation().contract.LOGPROB_VOCAB_CHUNK
+    C = get_implementation().contract
+    chunk = C.LOGPROB_VOCAB_CHUNK
     T, V = 3, chunk + 700
     x, _ = make(T, V, torch.float32, seed=43)
     x[1, :chunk // 2] = -float("inf")
@@ -284,7 +284,7 @@ def test_fused_sums_kernel_form(entropy):
         ws = torch.full((T, nc, 4), float("nan"))
         m._logprob_partial_kernel[(T, nc)](
             x, torch.empty(1), ws, T, x.stride(0), 0.7, V=V, NC=nc, CHUNK=chunk, VEC=1,
-            GROUP=get_implementation().contract.LOGPROB_LOAD_GROUP, PER_ROW_T=False, ENTROPY=entropy,
+            GROUP=C.LOGPROB_LOAD_GROUP, PER_ROW_T=False, ENTROPY=entropy,
             EXP2=bool(m.EXP2), SELECT_FREE=bool(m.SELECT_FREE), FUSED_SUMS=fused)
         out[fused] = ws
     n = 3 if entropy else 2

@@ -107,4 +107,4 @@ def test_logprob_contract_bad_arguments(capsys):
         with pytest.raises(SystemExit) as e:
             p.main(["--out", "/tmp/x", "--ops", "logprob", "--logprob-t", bad])
         assert e.value.code == 2
-        assert "expected a comma list of row counts" in capsys.readouterr().err
+        assert "--logprob-t (row counts): expected a comma list of integers in [1, 65536]" in capsys.readouterr().err
