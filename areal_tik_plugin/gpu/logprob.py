@@ -17,6 +17,7 @@ import torch
 from areal_tik_plugin import bench
 from areal_tik_plugin.gpu._rowops import (DEV, HBM_TBPS, add_shares, copy_of, graph_vs_eager, knobs, ratio, rel_l2,
                                           row_slices, shuffled_rows, streamed, tbps, timed)
+from areal_tik_plugin.loader import get_implementation
 from areal_tik_plugin.ops import token_logprobs
 
 VOCAB = 151936
@@ -90,8 +91,6 @@ def _check_rows(rec, quick):
 
 
 def _check_free_knobs(rec):
-    from areal_tik_plugin.loader import get_implementation
-
     m = get_implementation().module("logprob")
     x, tok = _data(N_ACC, seed=2)
     ref = m.forward(x, tok, 1.0)
@@ -103,7 +102,8 @@ def _check_free_knobs(rec):
         rec.bitwise(f"free_knobs_entropy[{tag}]", o[1], ref[1])
     # the entropy sum without the per-element select, on rows with -inf logits and a wholly masked chunk
     xm = x.clone()
-    xm[0, 4096:8192] = -float("inf")
+    c = get_implementation().contract.LOGPROB_VOCAB_CHUNK
+    xm[0, c:2 * c] = -float("inf")
     xm[1, ::3] = -float("inf")
     tm = tok.clone()
     tm[0], tm[1] = 1, 1  # a logit that is not masked: a finite logp (the bitwise checks require finite values)
@@ -151,7 +151,8 @@ def _check_accuracy(rec):
             rec.check(f"error_vs_torch_fp32[{tag}]", e_o <= 2 * e_t + 1e-5, ours=e_o, torch_fp32=e_t)
     # masked vocab (-inf) rows, a peaked row
     x, tok = _data(8, dtype=torch.float32, seed=5)
-    x[0, 4096:8192] = -float("inf")
+    c = get_implementation().contract.LOGPROB_VOCAB_CHUNK
+    x[0, c:2 * c] = -float("inf")
     x[1, ::2] = -float("inf")
     tok[0], tok[1] = 5, 1
     x[2, 17] = 80.0

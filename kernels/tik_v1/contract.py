@@ -76,8 +76,12 @@ MOE_COMBINE_ORDER = "slot"
 
 # --- token log-prob --------------------------------------------------------------------------
 # The vocab reduction (max, sum of exp) is partitioned into chunks of LOGPROB_VOCAB_CHUNK columns
-# merged left to right, for every batch size.
-LOGPROB_VOCAB_CHUNK = 4096
+# merged left to right, for every batch size. 8192 (was 4096 up to kernels 8fa1c3d): 64 logits per thread of
+# the 4-warp chunk program and half the chunks to merge. Session-22 probe (rowops_knob_probe --logprob-contract
+# LOGPROB_VOCAB_CHUNK=8192, 3 interleaved rounds, medians): without / with the entropy, T 1 / 8 / 64 / 256 (the
+# sampler's calls) x1.57 / 1.92 / 1.53 / 1.18 and x1.34 / 1.12 / 1.15 / 1.09, T 1024 / 4096 x1.03-1.08 and
+# x1.07 (share of HBM with the entropy at T 4096 0.839 -> 0.899); 2048: x0.75-0.84.
+LOGPROB_VOCAB_CHUNK = 8192
 # Each chunk's (max, sum exp, sum exp*(s-max)) is reduced by one program of LOGPROB_CHUNK_WARPS warps
 # (the tl.sum tree depends on it); s = float(logit) * div_rn(1, T); merged left to right by
 # logprob._merge on every path.
