@@ -30,6 +30,13 @@ rc=0
 for step in "$@"; do
   t0=$(date +%s)
   echo "== $step"
+  # the AReaL steps import orjson, pydantic, ... from the SGLang set (.whl) as well as AReaL's own (.whl-areal)
+  case $step in
+    recompute|areal-bits|gsm8k)
+      for d in .whl .whl-areal; do
+        ls $d/*.whl >/dev/null 2>&1 || { echo "$step: no wheels in $d (carry both .whl and .whl-areal)"; rc=1; continue 2; }
+      done;;
+  esac
   case $step in
     sglang)
       # TIK_SGL_TINY=1: a tiny eager run first (a failure shows in ~1 min); then the qwen3-4b-shaped proof
