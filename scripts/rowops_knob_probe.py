@@ -49,9 +49,9 @@ LOGPROB_KNOBS = {"MERGE_ROWS": (64, 128, 256), "EVICT_FIRST": (False, True)}
 # row also carries logp's largest error against an fp64 log_softmax on the first LOGPROB_ACC_ROWS rows
 LOGPROB_AB = {"EXP2": "coupled", "SELECT_FREE": "free", "FUSED_SUMS": "free"}
 LOGPROB_ACC_ROWS = 64
-# --logprob-contract NAME=VALUE: the same interleaved A/B for one of the log-prob's coupled contract constants
-# (contract.py: LOGPROB_CHUNK_WARPS, LOGPROB_LOAD_GROUP, LOGPROB_VOCAB_CHUNK), its current value against VALUE,
-# set on the contract module for the probe only (bits differ by design)
+# --logprob-contract NAME=VALUE[,NAME=VALUE]: the same interleaved A/B for the log-prob's coupled contract
+# constants (contract.py: LOGPROB_CHUNK_WARPS, LOGPROB_LOAD_GROUP, LOGPROB_VOCAB_CHUNK), their current values
+# against the VALUEs together, set on the contract module for the probe only (bits differ by design)
 LOGPROB_CONTRACT = ("LOGPROB_CHUNK_WARPS", "LOGPROB_LOAD_GROUP", "LOGPROB_VOCAB_CHUNK")
 VOCAB = 151936
 DEV = "cuda"      # the CPU test runs the probes on "cpu" under the Triton interpreter, timings stubbed
@@ -189,14 +189,15 @@ def probe_kv_write(impl, rows):
         del kc, vc, k, v, copies
 
 
-def contract_label(contract) -> str:
-    """The row knob of a --logprob-contract A/B: ``NAME=VALUE`` (False: the contract's value, True: VALUE)."""
-    return f"{contract[0]}={contract[1]}"
+def contract_label(contract: dict) -> str:
+    """The row knob of a --logprob-contract A/B: ``NAME=VALUE[,NAME=VALUE]`` (False: the contract's values, True:
+    the VALUEs)."""
+    return ",".join(f"{k}={v}" for k, v in contract.items())
 
 
 def probe_logprob(impl, rows, ab=None, rounds=1, contract=None, ts=None):
-    """``ab``: a log-prob module knob off / on; ``contract``: (NAME, VALUE) of a contract constant, the
-    current value (row knob ``NAME=VALUE`` False) against VALUE (True); ``ts``: row counts (LOGPROB_T)."""
+    """``ab``: a log-prob module knob off / on; ``contract``: {NAME: VALUE} of contract constants, the current
+    values (row knob ``NAME=VALUE[,...]`` False) against the VALUEs (True); ``ts``: row counts (LOGPROB_T)."""
     lp = impl.module("logprob")
     if contract:
         ab = contract_label(contract)
@@ -219,7 +220,7 @@ def probe_logprob(impl, rows, ab=None, rounds=1, contract=None, ts=None):
             ent = combo["entropy"]
             mod = lp
             if contract:
-                mod, kn = lp.C, ({contract[0]: contract[1]} if combo[ab] else {})
+                mod, kn = lp.C, (dict(contract) if combo[ab] else {})
             try:
                 with knob_values(mod, **kn):
                     out = lp.forward(x, tok, 0.7, entropy=ent)
@@ -291,8 +292,9 @@ def main(argv=None) -> int:
     ap.add_argument("--logprob-ab", default="", metavar="KNOB",
                     help=f"log-prob: KNOB off against on, one of {sorted(LOGPROB_AB)} (EXP2 changes bits by design)")
     ap.add_argument("--logprob-exp2", action="store_true", help="= --logprob-ab EXP2")
-    ap.add_argument("--logprob-contract", default="", metavar="NAME=VALUE",
-                    help=f"log-prob: a coupled contract constant at its value against VALUE, one of {list(LOGPROB_CONTRACT)}")
+    ap.add_argument("--logprob-contract", default="", metavar="NAME=VALUE[,NAME=VALUE]",
+                    help=f"log-prob: coupled contract constants at their values against the VALUEs together, "
+                         f"NAMEs from {list(LOGPROB_CONTRACT)}")
     ap.add_argument("--logprob-t", default="", metavar="T,T,...",
                     help=f"log-prob row counts (default {','.join(map(str, LOGPROB_T))}; the sampler's calls are 1..256)")
     ap.add_argument("--rounds", type=int, default=3, help="with --logprob-ab: interleaved rounds (>= 1)")
@@ -310,13 +312,15 @@ def main(argv=None) -> int:
             ap.error(str(e))
     contract = None
     if args.logprob_contract:
-        name, _, value = args.logprob_contract.partition("=")
-        if name not in LOGPROB_CONTRACT or not value.isdigit() or int(value) < 1:
-            ap.error(f"--logprob-contract {args.logprob_contract!r}: expected NAME=VALUE with NAME one of "
-                     f"{list(LOGPROB_CONTRACT)} and VALUE a positive integer")
+        contract = {}
+        for item in args.logprob_contract.split(","):
+            name, _, value = item.partition("=")
+            if name not in LOGPROB_CONTRACT or not value.isdigit() or int(value) < 1 or name in contract:
+                ap.error(f"--logprob-contract {args.logprob_contract!r}: expected NAME=VALUE[,NAME=VALUE] with each "
+                         f"NAME once, one of {list(LOGPROB_CONTRACT)}, and VALUE a positive integer")
+            contract[name] = int(value)
         if ab:
             ap.error("--logprob-contract and --logprob-ab: one A/B per run")
-        contract = (name, int(value))
     from areal_tik_plugin.loader import get_implementation
 
     impl = get_implementation()

@@ -4,6 +4,8 @@ A/B summary's medians."""
 
 from __future__ import annotations
 
+import pytest
+
 from ._scripts import load_script
 
 
@@ -68,9 +70,10 @@ def test_rope_kv_and_logprob_ab_probes_run_on_cpu(monkeypatch):
     assert any(not r["bits_equal_default"] for r in rows if r["op"] == "logprob")  # EXP2 moved: bits differ
 
 
-def test_logprob_contract_ab_runs_on_cpu(monkeypatch, capsys):
-    """--logprob-contract: a coupled contract constant at its value against another, interleaved; the
-    constant is restored after every row, rows with it moved may differ in bits, the others may not."""
+@pytest.mark.parametrize("contract", [{"LOGPROB_LOAD_GROUP": 2}, {"LOGPROB_LOAD_GROUP": 2, "LOGPROB_CHUNK_WARPS": 2}])
+def test_logprob_contract_ab_runs_on_cpu(monkeypatch, capsys, contract):
+    """--logprob-contract: coupled contract constants at their values against others, interleaved; the
+    constants are restored after every row, rows with them moved may differ in bits, the others may not."""
     import types
 
     from areal_tik_plugin.loader import get_implementation
@@ -78,25 +81,27 @@ def test_logprob_contract_ab_runs_on_cpu(monkeypatch, capsys):
     p = _probe()
     impl = get_implementation()
     C = impl.module("logprob").C
-    before = C.LOGPROB_LOAD_GROUP
+    before = {k: getattr(C, k) for k in contract}
+    label = p.contract_label(contract)
     monkeypatch.setattr(p, "DEV", "cpu")
     monkeypatch.setattr(p, "bench", types.SimpleNamespace(time_graph_us=lambda fn, **kw: 1.0))
     monkeypatch.setattr(p, "LOGPROB_T", (3,))
     monkeypatch.setattr(p, "VOCAB", 5000)
     rows = []
-    p.probe_logprob(impl, rows, rounds=2, contract=("LOGPROB_LOAD_GROUP", 2))
-    assert C.LOGPROB_LOAD_GROUP == before
+    p.probe_logprob(impl, rows, rounds=2, contract=contract)
+    assert {k: getattr(C, k) for k in contract} == before
     assert not [r for r in rows if "error" in r]
-    assert len(rows) == 2 * 2 * 2 and {tuple(sorted(r["knobs"])) for r in rows} == {("LOGPROB_LOAD_GROUP=2", "entropy")}
-    assert all(r["bits_equal_default"] for r in rows if not r["knobs"]["LOGPROB_LOAD_GROUP=2"])
-    assert not p.unexpected_mismatches(rows, {"LOGPROB_LOAD_GROUP=2": False})
+    assert len(rows) == 2 * 2 * 2 and {tuple(sorted(r["knobs"])) for r in rows} == {(label, "entropy")}
+    assert all(r["bits_equal_default"] for r in rows if not r["knobs"][label])
+    assert not p.unexpected_mismatches(rows, {label: False})
 
 
 def test_logprob_contract_bad_arguments(capsys):
     import pytest
 
     p = _probe()
-    for bad in ("LOGPROB_EXP=exp", "LOGPROB_CHUNK_WARPS=0", "LOGPROB_CHUNK_WARPS", "MERGE_ROWS=64"):
+    for bad in ("LOGPROB_EXP=exp", "LOGPROB_CHUNK_WARPS=0", "LOGPROB_CHUNK_WARPS", "MERGE_ROWS=64",
+                "LOGPROB_CHUNK_WARPS=8,LOGPROB_CHUNK_WARPS=2", "LOGPROB_CHUNK_WARPS=8,"):
         with pytest.raises(SystemExit) as e:
             p.main(["--out", "/tmp/x", "--ops", "logprob", "--logprob-contract", bad])
         assert e.value.code == 2
