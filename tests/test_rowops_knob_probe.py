@@ -97,8 +97,6 @@ def test_logprob_contract_ab_runs_on_cpu(monkeypatch, capsys, contract):
 
 
 def test_logprob_contract_bad_arguments(capsys):
-    import pytest
-
     p = _probe()
     for bad in ("LOGPROB_EXP=exp", "LOGPROB_CHUNK_WARPS=0", "LOGPROB_CHUNK_WARPS", "MERGE_ROWS=64",
                 "LOGPROB_CHUNK_WARPS=8,LOGPROB_CHUNK_WARPS=2", "LOGPROB_CHUNK_WARPS=8,"):
