@@ -8,7 +8,8 @@
 # STEPs: sglang | sglang-ab | sglang-profile | liger | recompute | verify-full | layer-bench | gemm-sweep | ops-quick | host | search | gsm8k | areal-bits
 # (ops-quick: contract checks + --quick benchmark grid of TIK_OPS (comma list), a probe, not the evidence call)
 # (search: TIK_DEADLINE_S caps its budget so that TIK_SEARCH_RESERVE_S seconds remain for later steps)
-# (gsm8k: kind nvidia-h200-x2, wheels built with `areal.gpu_wheels .whl-areal --trainer`; not run on a GPU yet;
+# (gsm8k: kind nvidia-h200-x2, wheels built with `areal.gpu_wheels .whl-areal --trainer`; run on 1225cae:
+#  evidence/areal/gsm8k-gpu-tik_v1-1225cae52be8;
 #  about 150-200 s per mode, TIK_GSM8K_LIMIT=240 s each)
 # Everything lands in $OUT/bundle.tgz (plus the step JSONs next to it); a short table per step on stdout.
 set -o pipefail
