@@ -321,6 +321,7 @@ def main(argv=None) -> int:
             contract[name] = int(value)
         if ab:
             ap.error("--logprob-contract and --logprob-ab: one A/B per run")
+        ab = contract_label(contract)
     from areal_tik_plugin.loader import get_implementation
 
     impl = get_implementation()
@@ -343,8 +344,6 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "rowops_knob_probe.json"), "w") as f:
         json.dump(res, f, indent=1)
-    if contract:
-        ab = contract_label(contract)
     if ab:
         _print_ab(rows, ab)
     _print_best(rows)
