@@ -244,6 +244,9 @@ def main(argv=None) -> int:
             # the natural-exp form (contract LOGPROB_EXP "exp"; "exp2" is one multiply per element less)
             "no entropy exp": lambda: _with(lp, EXP2=False)(lambda: lp.forward(
                 torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7, entropy=False)),
+            # s - max in the other form of the contract's LOGPROB_SHIFT (mul_sub <-> fma): same reduce layouts
+            "other shift": lambda: _with(lp, SHIFT_FMA=not lp.SHIFT_FMA)(lambda: lp.forward(
+                torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7)),
             # the sum of exp and the entropy sum in two reductions (FUSED_SUMS off; on: one two-operand reduce)
             "separate sums": lambda: _with(lp, FUSED_SUMS=False)(lambda: lp.forward(
                 torch.empty(7, Vn, dtype=bf16), torch.zeros(7, dtype=torch.int64), 0.7)),
@@ -251,7 +254,8 @@ def main(argv=None) -> int:
             for name, c in compile_all(f"logprob V={Vn} {label}", fn):
                 if name == "_logprob_partial_kernel":
                     ttg[label] = reduce_layouts(c.asm["ttgir"])
-                    if label in ("T=1", "entropy select-free", "no entropy", "no entropy exp", "separate sums"):  # per-element instruction counts
+                    if label in ("T=1", "entropy select-free", "no entropy", "no entropy exp", "separate sums",
+                                 "other shift"):  # per-element instruction counts
                         ptx = c.asm["ptx"]
                         ops = dict(collections.Counter(m.group(1) for m in re.finditer(
                             r"^\s*((?:mul|fma|sub|add|max|ex2|cvt|shl|prmt|neg|mov|setp|selp|and|or)\.[\w.]+)", ptx, re.M)))

@@ -44,10 +44,11 @@ KV_T = (4096, 16384)
 KV_KNOBS = {"TILE_ELEMS": (1024, 2048, 4096, 8192, 16384), "WARPS": (1, 2, 4, 8)}
 LOGPROB_T = (1024, 4096, 16384)
 LOGPROB_KNOBS = {"MERGE_ROWS": (64, 128, 256), "EVICT_FIRST": (False, True)}
-# --logprob-ab KNOB: a log-prob knob off against on (EXP2, the coupled base-2 sums, changes bits by design;
+# --logprob-ab KNOB: a log-prob knob off against on (EXP2, the coupled base-2 sums, and SHIFT_FMA, the coupled
+# fma form of s - max, change bits by design;
 # SELECT_FREE, a free knob, must not), with and without the entropy, interleaved over --rounds rounds; each
 # row also carries logp's largest error against an fp64 log_softmax on the first LOGPROB_ACC_ROWS rows
-LOGPROB_AB = {"EXP2": "coupled", "SELECT_FREE": "free", "FUSED_SUMS": "free"}
+LOGPROB_AB = {"EXP2": "coupled", "SELECT_FREE": "free", "FUSED_SUMS": "free", "SHIFT_FMA": "coupled"}
 LOGPROB_ACC_ROWS = 64
 # --logprob-contract NAME=VALUE[,NAME=VALUE]: the same interleaved A/B for the log-prob's coupled contract
 # constants (contract.py: LOGPROB_CHUNK_WARPS, LOGPROB_LOAD_GROUP, LOGPROB_VOCAB_CHUNK), their current values

@@ -230,6 +230,52 @@ def test_exp2_knob(monkeypatch, case):
     _EXP2_CASES[case]()
 
 
+_SHIFT_CASES = ("accuracy", "accuracy_full_vocab", "peaked_and_masked", "rows_invariant", "fp32_copy",
+                "without_entropy")
+
+
+@pytest.mark.parametrize("case", _SHIFT_CASES)
+def test_shift_fma_knob(monkeypatch, case):
+    """SHIFT_FMA (contract LOGPROB_SHIFT) flipped from the contract's value: the same invariance and accuracy."""
+    m = get_implementation().module("logprob")
+    assert m.SHIFT_FMA is (get_implementation().contract.LOGPROB_SHIFT == "fma")
+    monkeypatch.setattr(m, "SHIFT_FMA", not m.SHIFT_FMA)
+    _EXP2_CASES[case]()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_shift_fma_chunk_max_same_bits(dtype):
+    """The fma form takes the chunk max on float(x) and scales it once: fl(max(x) * inv) is max(fl(x * inv))
+    bit for bit (rounding is monotonic, inv > 0), on rows with -inf logits, a wholly masked chunk, a partial last
+    chunk and temperatures above and below 1; s - m then differs by at most one rounding, so the sums agree to
+    fp32 rounding and the two forms' bits differ somewhere (the knob reaches the kernel). At the max itself the
+    fma form keeps the rounding residual of fl(x * inv) (~1e-6 here) where the other form has 0: the entropy sum
+    of the nearly one-hot row is that small instead of 0."""
+    import math
+
+    m = get_implementation().module("logprob")
+    C = get_implementation().contract
+    chunk = C.LOGPROB_VOCAB_CHUNK
+    T, V = 4, 2 * chunk + 333
+    x, _ = make(T, V, dtype, seed=47)
+    x[1, :chunk // 2] = -float("inf")
+    x[2, chunk:2 * chunk] = -float("inf")
+    x[3, 5] = 90.0
+    nc = math.ceil(V / chunk)
+    for temp in (0.7, 1.3):
+        out = {}
+        for fma in (False, True):
+            ws = torch.full((T, nc, 4), float("nan"))
+            m._logprob_partial_kernel[(T, nc)](
+                x, torch.empty(1), ws, T, x.stride(0), temp, V=V, NC=nc, CHUNK=chunk, VEC=1,
+                GROUP=C.LOGPROB_LOAD_GROUP, PER_ROW_T=False, ENTROPY=True, EXP2=bool(m.EXP2),
+                SELECT_FREE=bool(m.SELECT_FREE), FUSED_SUMS=False, SHIFT_FMA=fma, INTERP=m.interpreting())
+            out[fma] = ws
+        assert_bitwise(out[True][..., 0], out[False][..., 0], f"chunk max T={temp}")
+        assert torch.allclose(out[True][..., 1:3], out[False][..., 1:3], rtol=1e-5, atol=1e-5)
+        assert not torch.equal(out[True][..., 1:3].view(torch.int32), out[False][..., 1:3].view(torch.int32))
+
+
 def test_exp2_knob_changes_bits(monkeypatch):
     """The knob reaches the kernels: base-2 and natural sums round differently somewhere in a 10K vocab."""
     m = get_implementation().module("logprob")
@@ -286,7 +332,8 @@ def test_fused_sums_kernel_form(entropy):
         m._logprob_partial_kernel[(T, nc)](
             x, torch.empty(1), ws, T, x.stride(0), 0.7, V=V, NC=nc, CHUNK=chunk, VEC=1,
             GROUP=C.LOGPROB_LOAD_GROUP, PER_ROW_T=False, ENTROPY=entropy,
-            EXP2=bool(m.EXP2), SELECT_FREE=bool(m.SELECT_FREE), FUSED_SUMS=fused)
+            EXP2=bool(m.EXP2), SELECT_FREE=bool(m.SELECT_FREE), FUSED_SUMS=fused, SHIFT_FMA=bool(m.SHIFT_FMA),
+            INTERP=m.interpreting())
         out[fused] = ws
     n = 3 if entropy else 2
     assert_bitwise(out[True][..., 0], out[False][..., 0], "chunk max")

@@ -6,6 +6,10 @@ The one op that the SGLang sampler patch and the trainer both call. For a row x 
     s   = float(x) * inv                             # (x / T up to one rounding)
     for each chunk c of LOGPROB_VOCAB_CHUNK columns (absolute vocab index, fixed by V only):
         m_c = max(s), l_c = sum exp(s - m_c), a_c = sum exp(s - m_c) * (s - m_c)
+
+With ``SHIFT_FMA`` (contract ``LOGPROB_SHIFT = "fma"``, coupled) a chunk takes m_c = fl(max(float(x)) * inv), which
+is max(s) bit for bit (rounding is monotonic, inv > 0), and s - m_c as fma(float(x), inv, -m_c): one rounding, one
+instruction per logit less. s itself is only formed at the sampled token (the merge kernel) and in the backward.
     (M, L, A) = _merge over c = 0, 1, ..., left to right
     lse  = M + log(L);  logp = s[token] - lse;  entropy = log(L) - A / L
 
@@ -40,7 +44,7 @@ from ._rowops import launch
 
 KNOBS = {
     "coupled": {"LOGPROB_VOCAB_CHUNK": C.LOGPROB_VOCAB_CHUNK, "LOGPROB_CHUNK_WARPS": C.LOGPROB_CHUNK_WARPS,
-                "LOGPROB_EXP": C.LOGPROB_EXP},
+                "LOGPROB_EXP": C.LOGPROB_EXP, "LOGPROB_SHIFT": C.LOGPROB_SHIFT},
     "free": {"MERGE_ROWS": (32, 64, 128, 256), "BWD_WARPS": (4, 8), "EVICT_FIRST": (False, True),
              "SELECT_FREE": (False, True), "FUSED_SUMS": (False, True)},
 }
@@ -49,6 +53,10 @@ KNOBS = {
 # share of HBM at T 1024 / 4096 / 16384 0.730 / 0.827 / 0.804 -> 0.806 / 0.907 / 0.888 (with the entropy 0.59-0.65
 # -> 0.70-0.78); logp max |err| vs fp64 2.3-2.7e-6 -> 3.6-3.8e-6.
 EXP2 = C.LOGPROB_EXP == "exp2"
+# d = fma(float(x), inv, -m) with m = max(float(x)) * inv (contract LOGPROB_SHIFT "fma"; coupled, see contract.py).
+# Under the Triton interpreter (whose tl.fma rounds twice) the fma is formed in fp64 (the product is exact there)
+# and rounded to fp32: the CPU's bits are the GPU's except where that second rounding meets a tie.
+SHIFT_FMA = C.LOGPROB_SHIFT == "fma"
 # the entropy sum without the per-element select (free knob; see _logprob_partial_kernel). Session-19 probe
 # (rowops_knob_probe-logprob-select_free-tik_v1-a1fcbe3429f5, 3 interleaved rounds, medians), share of HBM
 # with the entropy at T 1024 / 4096 / 16384: 0.716 / 0.795 / 0.777 -> 0.740 / 0.821 / 0.780 (x1.03 / 1.03 /
@@ -109,6 +117,7 @@ def _logprob_partial_kernel(
     V: tl.constexpr, NC: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr, GROUP: tl.constexpr,
     PER_ROW_T: tl.constexpr, ENTROPY: tl.constexpr = True, EVICT: tl.constexpr = "", PDL: tl.constexpr = False,
     EXP2: tl.constexpr = False, SELECT_FREE: tl.constexpr = False, FUSED_SUMS: tl.constexpr = False,
+    SHIFT_FMA: tl.constexpr = False, INTERP: tl.constexpr = False,
 ):
     pdl_start(PDL)
     row = tl.program_id(0)
@@ -121,16 +130,27 @@ def _logprob_partial_kernel(
     cols = c * CHUNK + (j // GROUP) * GROUP + j % GROUP
     ok = cols < V
     x = tl.load(X + row.to(tl.int64) * (sx * VEC) + cols, mask=ok, other=float("-inf"), eviction_policy=EVICT)
-    s = x.to(tl.float32) * inv
-    m = tl.max(s, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    e = _exp(s - m_safe, EXP2)
+    xf = x.to(tl.float32)
+    if SHIFT_FMA:  # max(fl(x * inv)) == fl(max(x) * inv) for inv > 0; then d in one rounding
+        inv0 = _inv_temperature(TEMP, row, True, temp_scalar, PER_ROW_T, EXP2)  # inv's bits, as a scalar
+        m = tl.max(xf, 0) * inv0
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        if INTERP:
+            d = (xf.to(tl.float64) * inv0.to(tl.float64) - m_safe.to(tl.float64)).to(tl.float32)
+        else:
+            d = tl.fma(xf, inv0, -m_safe)
+    else:
+        s = xf * inv
+        m = tl.max(s, 0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        d = s - m_safe
+    e = _exp(d, EXP2)
     base = (row.to(tl.int64) * NC + c) * 4
     if ENTROPY:
         if SELECT_FREE:  # -inf logits (e == 0) give 0 * -FLT_MAX = -0.0 instead of a select: same sums
-            ea = e * tl.maximum(s - m_safe, -3.4028234663852886e38)
+            ea = e * tl.maximum(d, -3.4028234663852886e38)
         else:
-            ea = e * tl.where(e > 0.0, s - m_safe, 0.0)
+            ea = e * tl.where(e > 0.0, d, 0.0)
         if FUSED_SUMS:  # both sums in one two-operand reduction: one shuffle / shared-memory pass
             l, a = tl.reduce((e, ea), 0, _add_pair)
         else:
@@ -265,7 +285,7 @@ def forward(logits, tokens, temperature=1.0, entropy=True):
         x, temp, ws, T, sx, t_scalar, V=V, NC=nc, CHUNK=chunk, VEC=vec, GROUP=C.LOGPROB_LOAD_GROUP,
         PER_ROW_T=per_row, ENTROPY=bool(entropy), EVICT="evict_first" if EVICT_FIRST else "", EXP2=bool(EXP2),
         SELECT_FREE=bool(SELECT_FREE), FUSED_SUMS=bool(FUSED_SUMS) and not interpreting(),
-        **launch_opts(C.LOGPROB_CHUNK_WARPS),
+        SHIFT_FMA=bool(SHIFT_FMA), INTERP=interpreting(), **launch_opts(C.LOGPROB_CHUNK_WARPS),
     )
     launch(_logprob_merge_kernel, (_cdiv(T, MERGE_ROWS),),
         x, tokens, temp, ws, logp, ent if entropy else lse, lse, T, sx, t_scalar,
