@@ -243,6 +243,25 @@ def test_shift_fma_knob(monkeypatch, case):
     _EXP2_CASES[case]()
 
 
+def _chunk_partials(x, temp, entropy=True, **knobs):
+    """The partial kernel launched directly on x [T, V] (scalar temperature): its (T, chunks, 4) workspace of
+    chunk partials (max, sum of exp, entropy sum). ``knobs``: FUSED_SUMS / SHIFT_FMA, else the module's."""
+    import math
+
+    m = get_implementation().module("logprob")
+    C = get_implementation().contract
+    chunk = C.LOGPROB_VOCAB_CHUNK
+    T, V = x.shape
+    nc = math.ceil(V / chunk)
+    ws = torch.full((T, nc, 4), float("nan"))
+    m._logprob_partial_kernel[(T, nc)](
+        x, torch.empty(1), ws, T, x.stride(0), temp, V=V, NC=nc, CHUNK=chunk, VEC=1,
+        GROUP=C.LOGPROB_LOAD_GROUP, PER_ROW_T=False, ENTROPY=entropy, EXP2=bool(m.EXP2),
+        SELECT_FREE=bool(m.SELECT_FREE), FUSED_SUMS=knobs.get("FUSED_SUMS", False),
+        SHIFT_FMA=knobs.get("SHIFT_FMA", bool(m.SHIFT_FMA)), INTERP=m.interpreting())
+    return ws
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_shift_fma_chunk_max_same_bits(dtype):
     """The fma form takes the chunk max on float(x) and scales it once: fl(max(x) * inv) is max(fl(x * inv))
@@ -251,26 +270,14 @@ def test_shift_fma_chunk_max_same_bits(dtype):
     fp32 rounding and the two forms' bits differ somewhere (the knob reaches the kernel). At the max itself the
     fma form keeps the rounding residual of fl(x * inv) (~1e-6 here) where the other form has 0: the entropy sum
     of the nearly one-hot row is that small instead of 0."""
-    import math
-
-    m = get_implementation().module("logprob")
-    C = get_implementation().contract
-    chunk = C.LOGPROB_VOCAB_CHUNK
+    chunk = get_implementation().contract.LOGPROB_VOCAB_CHUNK
     T, V = 4, 2 * chunk + 333
     x, _ = make(T, V, dtype, seed=47)
     x[1, :chunk // 2] = -float("inf")
     x[2, chunk:2 * chunk] = -float("inf")
     x[3, 5] = 90.0
-    nc = math.ceil(V / chunk)
     for temp in (0.7, 1.3):
-        out = {}
-        for fma in (False, True):
-            ws = torch.full((T, nc, 4), float("nan"))
-            m._logprob_partial_kernel[(T, nc)](
-                x, torch.empty(1), ws, T, x.stride(0), temp, V=V, NC=nc, CHUNK=chunk, VEC=1,
-                GROUP=C.LOGPROB_LOAD_GROUP, PER_ROW_T=False, ENTROPY=True, EXP2=bool(m.EXP2),
-                SELECT_FREE=bool(m.SELECT_FREE), FUSED_SUMS=False, SHIFT_FMA=fma, INTERP=m.interpreting())
-            out[fma] = ws
+        out = {fma: _chunk_partials(x, temp, SHIFT_FMA=fma) for fma in (False, True)}
         assert_bitwise(out[True][..., 0], out[False][..., 0], f"chunk max T={temp}")
         assert torch.allclose(out[True][..., 1:3], out[False][..., 1:3], rtol=1e-5, atol=1e-5)
         assert not torch.equal(out[True][..., 1:3].view(torch.int32), out[False][..., 1:3].view(torch.int32))
@@ -317,24 +324,11 @@ def test_fused_sums_kernel_form(entropy):
     chunk partials of the separate form (max exactly; sums to fp32 rounding: the interpreter's generic reduce
     adds in another order) on rows with -inf logits and a partial last chunk. Bits of the two forms are
     compared on the GPU (the GPU suite's free-knob checks)."""
-    import math
-
-    m = get_implementation().module("logprob")
-    C = get_implementation().contract
-    chunk = C.LOGPROB_VOCAB_CHUNK
+    chunk = get_implementation().contract.LOGPROB_VOCAB_CHUNK
     T, V = 3, chunk + 700
     x, _ = make(T, V, torch.float32, seed=43)
     x[1, :chunk // 2] = -float("inf")
-    nc = math.ceil(V / chunk)
-    out = {}
-    for fused in (False, True):
-        ws = torch.full((T, nc, 4), float("nan"))
-        m._logprob_partial_kernel[(T, nc)](
-            x, torch.empty(1), ws, T, x.stride(0), 0.7, V=V, NC=nc, CHUNK=chunk, VEC=1,
-            GROUP=C.LOGPROB_LOAD_GROUP, PER_ROW_T=False, ENTROPY=entropy,
-            EXP2=bool(m.EXP2), SELECT_FREE=bool(m.SELECT_FREE), FUSED_SUMS=fused, SHIFT_FMA=bool(m.SHIFT_FMA),
-            INTERP=m.interpreting())
-        out[fused] = ws
+    out = {fused: _chunk_partials(x, 0.7, entropy, FUSED_SUMS=fused) for fused in (False, True)}
     n = 3 if entropy else 2
     assert_bitwise(out[True][..., 0], out[False][..., 0], "chunk max")
     assert torch.allclose(out[True][..., 1:n], out[False][..., 1:n], rtol=2e-4, atol=1e-5)  # sums of up to 8192 terms
