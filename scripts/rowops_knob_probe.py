@@ -12,7 +12,10 @@ variant issuing both loads before the stores (within +-4%, no consistent sign); 
 (rowops_knob_probe-logprob-{HOST_INV,FULL_UNMASKED}-tik_v1-4bd15508154c), a scalar temperature's 1/T computed
 on the host instead of a div_rn per partial program, and unmasked loads for every whole chunk: ~25% fewer
 instructions on the sm_90 hot path, same bits, share of HBM x0.99-1.01 at T 1024 / 4096 (the kernel is not
-issue-bound) and lower, within a wide spread, at T 16384.
+issue-bound) and lower, within a wide spread, at T 16384 (on the fma form, session 24, FULL_UNMASKED gained
+x1.03-1.04 with the entropy and landed); session 24 (rowops_knob_probe-logprob-NAN_REDO-tik_v1-179ae67469a3), the
+entropy sum as e * d without the clamp, the chunk reloaded and summed with it only when that gave a NaN: 96
+registers instead of 80, x0.92-0.93 with the entropy.
 
     python scripts/rowops_knob_probe.py --out DIR [--ops rope,kv_write,rope_kv,logprob]
 
@@ -48,7 +51,8 @@ LOGPROB_KNOBS = {"MERGE_ROWS": (64, 128, 256), "EVICT_FIRST": (False, True)}
 # fma form of s - max, change bits by design;
 # SELECT_FREE, a free knob, must not), with and without the entropy, interleaved over --rounds rounds; each
 # row also carries logp's largest error against an fp64 log_softmax on the first LOGPROB_ACC_ROWS rows
-LOGPROB_AB = {"EXP2": "coupled", "SELECT_FREE": "free", "FUSED_SUMS": "free", "SHIFT_FMA": "coupled"}
+LOGPROB_AB = {"EXP2": "coupled", "SELECT_FREE": "free", "FUSED_SUMS": "free", "SHIFT_FMA": "coupled",
+              "FULL_UNMASKED": "free"}
 LOGPROB_ACC_ROWS = 64
 # --logprob-contract NAME=VALUE[,NAME=VALUE]: the same interleaved A/B for the log-prob's coupled contract
 # constants (contract.py: LOGPROB_CHUNK_WARPS, LOGPROB_LOAD_GROUP, LOGPROB_VOCAB_CHUNK), their current values

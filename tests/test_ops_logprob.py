@@ -333,3 +333,26 @@ def test_fused_sums_kernel_form(entropy):
     assert_bitwise(out[True][..., 0], out[False][..., 0], "chunk max")
     assert torch.allclose(out[True][..., 1:n], out[False][..., 1:n], rtol=2e-4, atol=1e-5)  # sums of up to 8192 terms
     assert torch.isfinite(out[True][..., :n]).all()
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_full_unmasked_knob_same_bits(monkeypatch, whole):
+    """FULL_UNMASKED (free knob): whole chunks load without the mask; a partial last chunk (``whole`` False)
+    keeps it. Same bits as the masked loads everywhere, with and without the entropy, on rows with -inf
+    logits, a wholly -inf chunk and a nearly one-hot row."""
+    m = get_implementation().module("logprob")
+    chunk = get_implementation().contract.LOGPROB_VOCAB_CHUNK
+    T, V = 4, 2 * chunk + (0 if whole else 333)
+    x, tok = make(T, V, torch.bfloat16, seed=47)
+    x[0, 17] = 50.0
+    x[1, :chunk] = -float("inf")
+    x[2, ::5] = -float("inf")
+    tok[1], tok[2] = V - 1, 1
+    for entropy in (False, True):
+        monkeypatch.setattr(m, "FULL_UNMASKED", False)
+        ref = m.forward(x, tok, 0.9, entropy=entropy)
+        monkeypatch.setattr(m, "FULL_UNMASKED", True)
+        out = m.forward(x, tok, 0.9, entropy=entropy)
+        for a, b, name in zip(out, ref, ("logp", "entropy", "lse")):
+            if b is not None:
+                assert_bitwise(a, b, f"{name} entropy={entropy}")

@@ -110,7 +110,8 @@ def _check_free_knobs(rec):
     ref_m = m.forward(xm, tm, 1.0)
     # ... and the sum of exp and the entropy sum in one two-operand reduction or in two (FUSED_SUMS; each
     # operand gets tl.sum's tree): each knob at the setting the default does not run
-    for knob in ("SELECT_FREE", "FUSED_SUMS"):
+    # ... and whole chunks loaded without the mask (FULL_UNMASKED)
+    for knob in ("SELECT_FREE", "FUSED_SUMS", "FULL_UNMASKED"):
         if not hasattr(m, knob):
             continue
         flip = not getattr(m, knob)
