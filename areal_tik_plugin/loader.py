@@ -119,6 +119,7 @@ class Implementation:
                 if rowops is not None:
                     _apply_fast_launch(rowops)
                     self._launch_set = True
+            _guard_modules(self.package)
         return self._modules[mod]
 
     def entry(self, op: str):
@@ -249,7 +250,21 @@ def set_implementation(name_or_path: str | None) -> Implementation | None:
     """Switch the process to another implementation (``None`` resets to the default selection)."""
     global _current
     _current = None if name_or_path is None else load_implementation(resolve_path(name_or_path))
+    from areal_tik_plugin import native
+
+    native.invalidate()
     return _current
+
+
+def _guard_modules(package: str) -> None:
+    """Give every loaded module of an implementation the class that drops the native host path's plans
+    when one of its attributes (a knob) is set (:class:`areal_tik_plugin.native.GuardedModule`)."""
+    from areal_tik_plugin import native
+
+    prefix = package + "."
+    for name, m in list(sys.modules.items()):
+        if name.startswith(prefix) and m is not None:
+            native.guard(m)
 
 
 def list_implementations() -> list[str]:

@@ -208,3 +208,56 @@ def ratio(base, ours, key):
 
 def rel_l2(out, ref):
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def check_native(rec, tag: str, public, python_path, *, n: int = 3) -> None:
+    """The native host path (areal_tik_plugin.native): ``public()`` (a public op call, served natively
+    after its first call of a kind) gives the bits of ``python_path()`` (the kernel module's forward
+    called directly: Triton's launch), eagerly and inside a CUDA graph, and the native path did serve
+    the calls."""
+    from areal_tik_plugin import native
+
+    m = native.module()
+    if m is None:
+        rec.check(f"native_on[{tag}]", False, why="native host path off (TIK_NATIVE / build; see warnings)")
+        return
+    hits0 = m.stats()["hits"]
+    outs = [public() for _ in range(n)]
+    hits = m.stats()["hits"] - hits0
+    refused = [p for p in m.stats()["plans"] if p["refused"]]
+    rec.check(f"native_served[{tag}]", hits >= n - 1, hits=hits, calls=n, refused=refused[:4])
+    ref = python_path()
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    for i, o in enumerate(outs):
+        for j, (a, b) in enumerate(zip(o if isinstance(o, tuple) else (o,), refs)):
+            rec.bitwise(f"native_eager[{tag}/call{i}/out{j}]", a, b)
+    # CUDA graph: capture the public call (native launch on the capture stream), replay, compare
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        public()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    hits0 = m.stats()["hits"]
+    with torch.cuda.graph(g):
+        got = public()
+    captured = m.stats()["hits"] - hits0
+    g.replay()
+    torch.cuda.synchronize()
+    for j, (a, b) in enumerate(zip(got if isinstance(got, tuple) else (got,), refs)):
+        rec.bitwise(f"native_graph[{tag}/out{j}]", a, b, captured_native=captured)
+
+
+def native_host_row(rec, name: str, public, python_path, hf=None) -> dict:
+    """Host time per call (issue only, bench.host_us) of the public op (native path), the kernel module's
+    forward (Triton's launch path) and the HF eager baseline, measured here in one process."""
+    from areal_tik_plugin import bench
+
+    public()
+    row = {"native_host_us": bench.host_us(public), "python_host_us": bench.host_us(python_path)}
+    if hf is not None:
+        row["hf_host_us"] = bench.host_us(hf)
+        row["native_vs_hf_host"] = row["hf_host_us"] / row["native_host_us"]
+    row["native_vs_python_host"] = row["python_host_us"] / row["native_host_us"]
+    rec.bench(f"native_host[{name}]", **row)
+    return row

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, copy_of, graph_vs_eager,
+from areal_tik_plugin import loader
+from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, check_native, native_host_row, copy_of, graph_vs_eager,
                                           liger, rand, ratio, rel_l2, row_slices, shuffled_rows, streamed, tbps,
                                           timed)
 from areal_tik_plugin.ops import qk_rms_norm, rms_norm, rms_norm_residual
@@ -145,6 +146,28 @@ def _check_backward(rec, H, eps):
             rec.check(f"grad_{name}[{tag}]", rel < TOL_GRAD[dtype], rel_l2=rel)
 
 
+NATIVE_T = (1, 3, 17, 256, 4097)
+
+
+def _check_native(rec, name, H, hq, hkv, d, eps):
+    """Public calls served by the native host path == the kernel module's forward (Triton's launch):
+    plain, fused residual, and per-head Q/K norm read in place from a fused QKV output."""
+    impl = loader.current_module("rmsnorm")
+    w, wd = _w(H, torch.bfloat16), _w(d, torch.bfloat16)
+    for T in NATIVE_T:
+        x, r = rand(T, H, seed=T), rand(T, H, seed=T + 1)
+        qkv = rand(T, (hq + 2 * hkv) * d, seed=T + 2)
+        q = qkv[:, : hq * d].view(T, hq, d)
+        tag = f"{name}/T{T}"
+        check_native(rec, f"rmsnorm/{tag}", lambda: rms_norm(x, w, eps), lambda: impl.forward(x, w, eps))
+        check_native(rec, f"residual/{tag}", lambda: rms_norm_residual(x, r, w, eps),
+                     lambda: impl.forward(x, w, eps, residual=r))
+        check_native(rec, f"qk_view/{tag}", lambda: rms_norm(q, wd, eps), lambda: impl.forward(q, wd, eps))
+    x32 = rand(3, H, dtype=torch.float32, seed=5)
+    check_native(rec, f"rmsnorm/{name}/T3/fp32_w32", lambda: rms_norm(x32, w.float(), eps),
+                 lambda: impl.forward(x32, w.float(), eps))
+
+
 def run_checks(rec, quick: bool = False) -> None:
     torch.manual_seed(0)
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
@@ -153,6 +176,7 @@ def run_checks(rec, quick: bool = False) -> None:
         for dtype in ((torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)):
             rec.run(f"rows[{name}/{str(dtype)[6:]}]", _check_rows, rec, f"{name}/{str(dtype)[6:]}", H, dtype, eps)
         rec.run(f"qk_norm[{name}]", _check_qk_norm, rec, name, cfg["hq"], cfg["hkv"], cfg["d"], eps)
+        rec.run(f"native[{name}]", _check_native, rec, name, H, cfg["hq"], cfg["hkv"], cfg["d"], eps)
         rec.run(f"graph[{name}]", _check_graph, rec, H, eps)
         rec.run(f"accuracy[{name}]", _check_accuracy, rec, H, eps)
         rec.run(f"backward[{name}]", _check_backward, rec, H, eps)
@@ -210,6 +234,7 @@ def run_bench(rec, quick: bool = False) -> None:
     ratios = {k: [] for k in ("vs_hf_eager", "vs_hf_eager_graph", "vs_liger", "vs_liger_graph",
                               "hbm_frac_T4096plus", "hbm_frac_T4096plus_graph")}
     Ts = QUICK_BENCH_T if quick else BENCH_T
+    native_rows = []
     for name, cfg in MODELS.items():
         H, eps, hq, d = cfg["hidden"], cfg["eps"], cfg["hq"], cfg["d"]
         w = _w(H, torch.bfloat16)
@@ -235,5 +260,16 @@ def run_bench(rec, quick: bool = False) -> None:
                         (lambda: hf_qk(q)) if hf_qk else None, (lambda: lg_qk(q)) if lg_qk else None,
                         2 * T * hq * d * 2 + d * 2, T, heads=hq, d=d,
                         make_ours=lambda i: (lambda q=copy_of(q, i): rms_norm(q, wd, eps)))
+            if T <= 256:
+                impl = loader.current_module("rmsnorm")
+                native_rows += [
+                    native_host_row(rec, f"rmsnorm[{name}/T{T}]", lambda: rms_norm(x, w, eps),
+                                    lambda: impl.forward(x, w, eps), (lambda: hf(x)) if hf else None),
+                    native_host_row(rec, f"rmsnorm_residual[{name}/T{T}]", lambda: rms_norm_residual(x, r, w, eps),
+                                    lambda: impl.forward(x, w, eps, residual=r), (lambda: hf(x + r)) if hf else None),
+                    native_host_row(rec, f"qk_norm[{name}/T{T}]", lambda: rms_norm(q, wd, eps),
+                                    lambda: impl.forward(q, wd, eps), (lambda: hf_qk(q)) if hf_qk else None)]
     for k, v in ratios.items():
         rec.summarize(k, v)
+    for k in ("native_vs_hf_host", "native_vs_python_host"):
+        rec.summarize(k, [h.get(k) for h in native_rows])

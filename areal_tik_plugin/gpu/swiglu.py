@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin.gpu._rowops import (BENCH_T, MODELS, QUICK_BENCH_T, add_shares, copy_of, graph_vs_eager,
-                                          liger, rand, ratio, rel_l2, row_slices, shuffled_rows, streamed, tbps,
-                                          timed)
+from areal_tik_plugin import loader
+from areal_tik_plugin.gpu._rowops import (BENCH_T, MODELS, QUICK_BENCH_T, add_shares, check_native, copy_of,
+                                          graph_vs_eager, liger, native_host_row, rand, ratio, rel_l2, row_slices,
+                                          shuffled_rows, streamed, tbps, timed)
 from areal_tik_plugin.ops import swiglu, swiglu_fused
 
 N_FULL = 16384   # rows of the full-sequence call
@@ -99,6 +100,21 @@ def _check_backward(rec, I):
         rec.check(f"grad_gate_up[I{I}/{str(dtype)[6:]}]", rel < TOL_GRAD[dtype], rel_l2=rel)
 
 
+NATIVE_T = (1, 3, 17, 256, 4097)
+
+
+def _check_native(rec, name, I):
+    """Public calls served by the native host path == the kernel module's forward (Triton's launch)."""
+    impl = loader.current_module("swiglu")
+    for T in NATIVE_T:
+        for dt in ((torch.bfloat16, torch.float32) if T == 3 else (torch.bfloat16,)):
+            gu = rand(T, 2 * I, dtype=dt, scale=2.0, seed=T)
+            g, u = gu[:, :I], gu[:, I:]
+            tag = f"{name}/T{T}/{str(dt)[6:]}"
+            check_native(rec, f"fused/{tag}", lambda: swiglu_fused(gu), lambda: impl.forward_fused(gu))
+            check_native(rec, f"separate/{tag}", lambda: swiglu(g, u), lambda: impl.forward(g, u))
+
+
 def run_checks(rec, quick: bool = False) -> None:
     torch.manual_seed(0)
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
@@ -107,6 +123,7 @@ def run_checks(rec, quick: bool = False) -> None:
         for dtype in ((torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)):
             rec.run(f"rows[{name}/{str(dtype)[6:]}]", _check_rows, rec, f"{name}/{str(dtype)[6:]}", I, dtype)
         rec.run(f"free_knobs[{name}]", _check_free_knobs, rec, I)
+        rec.run(f"native[{name}]", _check_native, rec, name, I)
         rec.run(f"graph[{name}]", _check_graph, rec, I)
         rec.run(f"accuracy[{name}]", _check_accuracy, rec, I)
         rec.run(f"backward[{name}]", _check_backward, rec, I)
@@ -134,6 +151,7 @@ def run_bench(rec, quick: bool = False) -> None:
         rec.errors.append(f"hf baseline: {type(e).__name__}: {e}"[:300])
         act = None
     Ts = QUICK_BENCH_T if quick else BENCH_T
+    native_rows = []
     for name, cfg in MODELS.items():
         I = cfg["inter"]
         for T in Ts:
@@ -156,5 +174,12 @@ def run_bench(rec, quick: bool = False) -> None:
             if T >= 4096:
                 add_shares(ratios, bw, T)
             rec.bench(f"swiglu[{name}/T{T}]", **row)
+            if T <= 256:
+                impl = loader.current_module("swiglu")
+                h = native_host_row(rec, f"swiglu[{name}/T{T}]", lambda: swiglu_fused(gu),
+                                    lambda: impl.forward_fused(gu), (lambda: act(g) * u) if act else None)
+                native_rows.append(h)
     for k, v in ratios.items():
         rec.summarize(k, v)
+    for k in ("native_vs_hf_host", "native_vs_python_host"):
+        rec.summarize(k, [h.get(k) for h in native_rows])

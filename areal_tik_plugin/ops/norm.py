@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin import loader as _loader
+from areal_tik_plugin import native as _native
 from areal_tik_plugin.ops import _validate as V
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -23,6 +24,10 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def _impl():
     return _loader.current_module("rmsnorm")
+
+
+def _rowops():
+    return _loader.current_module("_rowops")
 
 
 def _needs_grad(*ts):
@@ -92,6 +97,16 @@ def rms_norm(x, weight, eps):
     -------
     Tensor like x (contiguous, x.dtype); differentiable w.r.t. x and weight.
     """
+    m = _native.module()
+    if m is not None:  # eager forward through the native host path (same kernel, same bits)
+        r = m.rmsnorm(x, weight, eps, None)
+        if r is not None:
+            if r is not False:
+                return r
+            eps = _check(x, weight, eps)
+            impl = _impl()
+            return _native.learn_from_call(m, "rmsnorm", _rowops(), (x, weight, eps, None),
+                                           lambda: impl.forward(x, weight, eps))
     eps = _check(x, weight, eps)
     if not _needs_grad(x, weight):  # inference (SGLang): the same kernel without autograd bookkeeping
         return _impl().forward(x, weight, eps)
@@ -105,10 +120,18 @@ def _rms_norm_fast(x, weight, eps):
     """:func:`rms_norm` for the integrations: its static checks run once per argument signature
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
     call -- bit-identical results."""
+    m = _native.module()
+    if m is not None:
+        r = m.rmsnorm(x, weight, eps, None)
+        if r is not None and r is not False:
+            return r
     impl = _impl()
     key = (impl, V.sig(x), V.sig(weight), type(eps), eps)
     _MEMO.once(key, _check, x, weight, eps)
     eps = float(eps)
+    if m is not None and r is False:
+        return _native.learn_from_call(m, "rmsnorm", _rowops(), (x, weight, eps, None),
+                                       lambda: impl.forward(x, weight, eps))
     if not _needs_grad(x, weight):
         return impl.forward(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)
@@ -128,6 +151,16 @@ def rms_norm_residual(x, residual, weight, eps):
     -------
     (y, new_residual), both like x (new tensors; inputs are not modified).
     """
+    m = _native.module()
+    if m is not None:  # eager forward through the native host path (same kernel, same bits)
+        r = m.rmsnorm(x, weight, eps, residual)
+        if r is not None:
+            if r is not False:
+                return r
+            eps = _check_residual(x, residual, weight, eps)
+            impl = _impl()
+            return _native.learn_from_call(m, "rmsnorm", _rowops(), (x, weight, eps, residual),
+                                           lambda: impl.forward(x, weight, eps, residual=residual))
     eps = _check_residual(x, residual, weight, eps)
     return _run_residual(_impl(), x, residual, weight, eps)
 
@@ -153,9 +186,17 @@ _MEMO_RES = V.Memo()
 def _rms_norm_residual_fast(x, residual, weight, eps):
     """:func:`rms_norm_residual` with its static checks run once per argument signature (as
     :func:`_rms_norm_fast`): the same kernel call, bit-identical results, the same errors."""
+    m = _native.module()
+    if m is not None:
+        r = m.rmsnorm(x, weight, eps, residual)
+        if r is not None and r is not False:
+            return r
     impl = _impl()
     key = (impl, V.sig(x), V.sig(residual), V.sig(weight), type(eps), eps)
     _MEMO_RES.once(key, _check_residual, x, residual, weight, eps)
+    if m is not None and r is False:
+        return _native.learn_from_call(m, "rmsnorm", _rowops(), (x, weight, float(eps), residual),
+                                       lambda: impl.forward(x, weight, float(eps), residual=residual))
     return _run_residual(impl, x, residual, weight, float(eps))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin import loader as _loader
+from areal_tik_plugin import native as _native
 from areal_tik_plugin.ops import _validate as V
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -16,6 +17,10 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def _impl():
     return _loader.current_module("swiglu")
+
+
+def _rowops():
+    return _loader.current_module("_rowops")
 
 
 def _grad(dy):
@@ -57,6 +62,14 @@ def swiglu(gate, up):
     -------
     Tensor [..., I] (contiguous); differentiable w.r.t. gate and up.
     """
+    m = _native.module()
+    if m is not None:  # eager forward through the native host path (same kernel, same bits)
+        r = m.swiglu(gate, up)
+        if r is not None:
+            if r is not False:
+                return r
+            _check(gate, up)
+            return _native.learn_from_call(m, "swiglu", _rowops(), (gate, up), lambda: _run(gate, up))
     _check(gate, up)
     return _run(gate, up)
 
@@ -83,8 +96,15 @@ def _swiglu_fast(gate, up):
     """:func:`swiglu` for the integrations: static checks once per argument signature
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
     call -- bit-identical results."""
+    m = _native.module()
+    if m is not None:
+        r = m.swiglu(gate, up)
+        if r is not None and r is not False:
+            return r
     key = (V.sig(gate), V.sig(up))
     _MEMO.once(key, _check, gate, up)
+    if m is not None and r is False:
+        return _native.learn_from_call(m, "swiglu", _rowops(), (gate, up), lambda: _run(gate, up))
     return _run(gate, up)
 
 
@@ -99,6 +119,14 @@ def swiglu_fused(gate_up):
     -------
     Tensor [..., I] (contiguous); differentiable w.r.t. gate_up.
     """
+    m = _native.module()
+    if m is not None:  # eager forward through the native host path (same kernel, same bits)
+        r = m.swiglu_fused(gate_up)
+        if r is not None:
+            if r is not False:
+                return r
+            _check_fused(gate_up)
+            return _native.learn_from_call(m, "swiglu_fused", _rowops(), (gate_up,), lambda: _run_fused(gate_up))
     _check_fused(gate_up)
     return _run_fused(gate_up)
 
@@ -121,6 +149,13 @@ _MEMO_FUSED = V.Memo()
 def _swiglu_fused_fast(gate_up):
     """:func:`swiglu_fused` with its static checks run once per argument signature (as
     :func:`_swiglu_fast`): the same kernel call, bit-identical results, the same errors."""
+    m = _native.module()
+    if m is not None:
+        r = m.swiglu_fused(gate_up)
+        if r is not None and r is not False:
+            return r
     key = V.sig(gate_up)
     _MEMO_FUSED.once(key, _check_fused, gate_up)
+    if m is not None and r is False:
+        return _native.learn_from_call(m, "swiglu_fused", _rowops(), (gate_up,), lambda: _run_fused(gate_up))
     return _run_fused(gate_up)

@@ -137,9 +137,22 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+# Launch records for the package's native host path (areal_tik_plugin.native): while a list is pushed
+# here, every launch appends (fn, grid, args, kw, compiled kernel) to the last one; the native side
+# registers a plan only if it derives the same launch from the same inputs. Mutated, never reassigned.
+_RECORDS: list = []
+
+
 def launch(fn, grid, *args, **kw):
     """``fn[grid](*args, **kw)`` (a ``@triton.jit`` kernel), through the short host path on a cache hit
     (``FAST_LAUNCH``). Returns what Triton's launch returns (the compiled kernel)."""
+    k = _launch(fn, grid, *args, **kw)
+    if _RECORDS:
+        _RECORDS[-1].append((fn, grid, args, kw, k))
+    return k
+
+
+def _launch(fn, grid, *args, **kw):
     if _INTERPRETING or not (FAST_LAUNCH and _FAST_TRITON):
         return fn[grid](*args, **kw)
     runtime = knobs.runtime

@@ -1,0 +1,64 @@
+"""GPU smoke of the native host path: its contract checks for SwiGLU and RMSNorm (every model shape) and
+host time per call at T=1 (native / Triton's launch path / HF eager), JSON to --out, a table last.
+
+``python scripts/native_smoke.py --out DIR`` (CUDA machine)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args(argv)
+    import torch
+
+    from areal_tik_plugin import loader, native
+    from areal_tik_plugin.gpu import norm as N
+    from areal_tik_plugin.gpu import swiglu as S
+    from areal_tik_plugin.gpu._rowops import MODELS, native_host_row, rand
+    from areal_tik_plugin.gpu.suite import Recorder
+    from areal_tik_plugin.ops import rms_norm, swiglu_fused
+
+    rec = Recorder("native")
+    for name, cfg in MODELS.items():
+        rec.run(f"swiglu[{name}]", S._check_native, rec, name, cfg["inter"])
+        rec.run(f"norm[{name}]", N._check_native, rec, name, cfg["hidden"], cfg["hq"], cfg["hkv"], cfg["d"], cfg["eps"])
+    act = S._hf_act()
+    for name, cfg in MODELS.items():
+        I, H = cfg["inter"], cfg["hidden"]
+        for T in (1, 256):
+            gu = rand(T, 2 * I, seed=T)
+            g, u = gu[:, :I], gu[:, I:]
+            native_host_row(rec, f"swiglu[{name}/T{T}]", lambda: swiglu_fused(gu),
+                            lambda: loader.current_module("swiglu").forward_fused(gu), lambda: act(g) * u)
+            x, w = rand(T, H, seed=T), N._w(H, torch.bfloat16)
+            hf = N._hf_norm(H, cfg["eps"], w)
+            native_host_row(rec, f"rmsnorm[{name}/T{T}]", lambda: rms_norm(x, w, cfg["eps"]),
+                            lambda: loader.current_module("rmsnorm").forward(x, w, cfg["eps"]), lambda: hf(x))
+    fails = [c for c in rec.checks if not c["passed"]]
+    out = {"checks": rec.checks, "benchmarks": rec.benchmarks, "errors": rec.errors, "stats": native.stats(),
+           "source_hash": loader.get_implementation().source_hash}
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "native_smoke.json"), "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    for f_ in fails[:20]:
+        print("FAIL", json.dumps(f_, default=str)[:400])
+    for e in rec.errors[:10]:
+        print("ERROR", e[:400])
+    st = native.stats()
+    print(f"native stats: hits {st.get('hits')} misses {st.get('misses')} not_handled {st.get('not_handled')} "
+          f"plans {len(st.get('plans', []))} refused {sum(p['refused'] for p in st.get('plans', []))}")
+    print(f"{'row':38s} {'native':>8s} {'python':>8s} {'hf':>8s}  us host/call")
+    for b in rec.benchmarks:
+        print(f"{b['name']:38s} {b['native_host_us']:8.1f} {b['python_host_us']:8.1f} {b.get('hf_host_us', 0):8.1f}")
+    print(f"checks {len(rec.checks) - len(fails)}/{len(rec.checks)} passed")
+    return 1 if fails or rec.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
