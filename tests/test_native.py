@@ -262,3 +262,73 @@ def test_fast_entry_points_decline_without_setup(m):
     x = torch.randn(2, 8)
     assert m.rmsnorm(x, torch.ones(8), 1e-6, None) is None
     assert m.swiglu_fused(torch.randn(2, 16)) is None
+
+
+def _linear_record(x, w, b=None):
+    impl = loader.current_module("gemm")
+    return _record("gemm", lambda: impl.linear(x, w, b))
+
+
+@pytest.mark.parametrize("M,N,K,bias", [(1, 24, 40, False), (3, 40, 24, True), (5, 17, 4100, False),
+                                        (2, 33, 4100, True)])
+def test_linear_recipe_maps_every_parameter(m, M, N, K, bias):
+    """The recipe read off a recorded GEMM launch: operands by pointer, the partials buffer as a temporary,
+    the tickets as the fixed buffer of their stream, every integer a constant equal to the recorded one."""
+    torch.manual_seed(0)
+    rowops = loader.current_module("_rowops")
+    x, w = torch.randn(M, K, dtype=torch.bfloat16), torch.randn(N, K, dtype=torch.bfloat16)
+    b = torch.randn(N, dtype=torch.float32) if bias else None
+    y, (fn, grid, args, kw, _) = _linear_record(x, w, b)
+    k = _fake_kernel(fn, args, kw)
+    bound = _bound(fn, args, kw)
+    cnt = bound.get("CNT")
+    key = (-1, 7)
+    if isinstance(cnt, torch.Tensor):  # on the GPU the tickets come from _rowops.tickets (per device and stream)
+        rowops._TICKETS[key] = cnt
+    try:
+        recipe, why = native.linear_recipe(rowops, x, w, b, y, [(fn, grid, args, kw, k)])
+    finally:
+        rowops._TICKETS.pop(key, None)
+    assert recipe is not None, why
+    g, params, temps, stream, *_ = recipe
+    assert g == tuple(grid) + (1,) * (3 - len(grid))
+    want = _expected_params(fn, args, kw)
+    assert len(params) == len(want)
+    ptr_of = {native.R_X: x.data_ptr(), native.R_W: w.data_ptr(), native.R_Y: y.data_ptr()}
+    if b is not None:
+        ptr_of[native.R_B] = b.data_ptr()
+    for (kind, v), (ty, wv) in zip(params, want):
+        if kind in ptr_of:
+            assert ty.startswith("*") and ptr_of[kind] == wv
+        elif kind == native.R_TMP:
+            assert ty == "*fp32" and temps[v][1] == 2
+        elif kind == native.R_FIXED:
+            assert v == cnt.data_ptr() == wv and stream == 7
+        else:
+            assert {native.R_I32: "i32", native.R_I64: "i64", native.R_F32: "fp32"}[kind] == ty and v == wv
+    split = isinstance(cnt, torch.Tensor)
+    assert (fn.__name__ == "_linear_partial_kernel") == split
+    if split:
+        assert temps and temps[0][0] == tuple(bound["P"].shape)
+    m.invalidate()
+    assert m.learn_linear(x, w, b, recipe, None) is True
+    assert m.stats()["linear"] == {"plans": 1, "refused": 0}
+    m.invalidate()
+
+
+def test_linear_recipe_refuses_unknown_buffers_and_kernels(m):
+    """A tensor parameter that is no operand, float temporary or registered ticket buffer (here: the
+    tickets when they are not the per-stream buffer) is refused, and so is a kernel not served natively."""
+    rowops = loader.current_module("_rowops")
+    x, w = torch.randn(2, 4100, dtype=torch.bfloat16), torch.randn(8, 4100, dtype=torch.bfloat16)
+    y, (fn, grid, args, kw, _) = _linear_record(x, w)
+    k = _fake_kernel(fn, args, kw)
+    recipe, why = native.linear_recipe(rowops, x, w, None, y, [(fn, grid, args, kw, k)])
+    assert recipe is None and "CNT" in why
+    recipe, why = native.linear_recipe(rowops, x, w, None, y, [])
+    assert recipe is None and "0 launches" in why
+    m.invalidate()
+    assert m.learn_linear(x, w, None, None, why) is False
+    assert m.stats()["linear"] == {"plans": 1, "refused": 1}
+    m.invalidate()
+    assert m.linear(x, w, None) is None  # setup_cpu: the launch entry points stay off

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from areal_tik_plugin import bench
-from areal_tik_plugin.gpu._rowops import graph_vs_eager, knobs, stream_copies
+from areal_tik_plugin import loader
+from areal_tik_plugin.gpu._rowops import check_native, check_native_autograd, graph_vs_eager, knobs, stream_copies
 from areal_tik_plugin.gpu.suite import timed as _time
 from areal_tik_plugin.ops import linear
 
@@ -326,8 +327,33 @@ def run_checks(rec, quick: bool = False) -> None:
     rec.run("cuda_graph", _check_graph, rec)
     rec.run("pdl_chain", _check_pdl, rec)
     rec.run("fast_launch", _check_fast_launch, rec)
+    rec.run("native", _check_native, rec)
     rec.run("accuracy", _check_accuracy, rec, quick)
     rec.run("backward", _check_backward, rec)
+
+
+NATIVE_CASES = (("qwen3-4b", "qkv"), ("qwen3-4b", "o"), ("qwen3-4b", "gate_up"), ("qwen3-4b", "down"),
+                ("qwen3-4b", "lm_head"), ("qwen2.5-1.5b", "qkv"), ("qwen3-30b-a3b", "router"))
+NATIVE_M = (1, 3, 8, 17, 32, 64, 300)
+
+
+def _check_native(rec, cases=NATIVE_CASES, Ms=NATIVE_M):
+    """The native host path's GEMM recipes: public ``linear`` calls it serves == the kernel module's
+    ``linear`` through Triton's launch, eagerly and CUDA-graph captured (kernels it does not serve, e.g.
+    TMA descriptors, run the Python path: checked equal too, served or not), and under autograd."""
+    impl = loader.current_module("gemm")
+    for model, layer in cases:
+        N, K, hb = SHAPES[(model, layer)]
+        w = (torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5)
+        b = torch.randn(N, device="cuda", dtype=torch.bfloat16) if hb else None
+        for M in Ms:
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            tag = f"{model}/{layer}/M{M}"
+            check_native(rec, tag, lambda: linear(x, w, b), lambda: impl.linear(x, w, b),
+                         served=True if M <= 32 else None)
+        x = torch.randn(5, K, device="cuda", dtype=torch.bfloat16)
+        check_native_autograd(rec, f"{model}/{layer}/M5", lambda: (x.clone().requires_grad_(), w.clone().requires_grad_()),
+                              lambda a, c: linear(a, c, b))
 
 
 # ------------------------------------------------------------------------------------------------

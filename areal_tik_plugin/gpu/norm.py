@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin import loader
-from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, check_native, native_host_row, copy_of, graph_vs_eager,
+from areal_tik_plugin.gpu._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, check_native, check_native_autograd, native_host_row, copy_of, graph_vs_eager,
                                           liger, rand, ratio, rel_l2, row_slices, shuffled_rows, streamed, tbps,
                                           timed)
 from areal_tik_plugin.ops import qk_rms_norm, rms_norm, rms_norm_residual
@@ -163,6 +163,13 @@ def _check_native(rec, name, H, hq, hkv, d, eps):
         check_native(rec, f"residual/{tag}", lambda: rms_norm_residual(x, r, w, eps),
                      lambda: impl.forward(x, w, eps, residual=r))
         check_native(rec, f"qk_view/{tag}", lambda: rms_norm(q, wd, eps), lambda: impl.forward(q, wd, eps))
+    for T in (1, 17):
+        x0, r0 = rand(T, H, seed=T + 7), rand(T, H, seed=T + 8)
+        leaf = lambda t: t.clone().requires_grad_()  # noqa: E731
+        check_native_autograd(rec, f"rmsnorm/{name}/T{T}", lambda: (leaf(x0), leaf(w)),
+                              lambda a, b: rms_norm(a, b, eps))
+        check_native_autograd(rec, f"residual/{name}/T{T}", lambda: (leaf(x0), leaf(r0), leaf(w)),
+                              lambda a, b, c: rms_norm_residual(a, b, c, eps))
     x32 = rand(3, H, dtype=torch.float32, seed=5)
     check_native(rec, f"rmsnorm/{name}/T3/fp32_w32", lambda: rms_norm(x32, w.float(), eps),
                  lambda: impl.forward(x32, w.float(), eps))

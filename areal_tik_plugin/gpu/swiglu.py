@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin import loader
-from areal_tik_plugin.gpu._rowops import (BENCH_T, MODELS, QUICK_BENCH_T, add_shares, check_native, copy_of,
+from areal_tik_plugin.gpu._rowops import (BENCH_T, MODELS, QUICK_BENCH_T, add_shares, check_native, check_native_autograd, copy_of,
                                           graph_vs_eager, liger, native_host_row, rand, ratio, rel_l2, row_slices,
                                           shuffled_rows, streamed, tbps, timed)
 from areal_tik_plugin.ops import swiglu, swiglu_fused
@@ -113,6 +113,11 @@ def _check_native(rec, name, I):
             tag = f"{name}/T{T}/{str(dt)[6:]}"
             check_native(rec, f"fused/{tag}", lambda: swiglu_fused(gu), lambda: impl.forward_fused(gu))
             check_native(rec, f"separate/{tag}", lambda: swiglu(g, u), lambda: impl.forward(g, u))
+    for T in (1, 17):
+        gu0 = rand(T, 2 * I, scale=2.0, seed=T + 7)
+        check_native_autograd(rec, f"fused/{name}/T{T}", lambda: (gu0.clone().requires_grad_(),), swiglu_fused)
+        check_native_autograd(rec, f"separate/{name}/T{T}",
+                              lambda: (gu0[:, :I].clone().requires_grad_(), gu0[:, I:].clone().requires_grad_()), swiglu)
 
 
 def run_checks(rec, quick: bool = False) -> None:

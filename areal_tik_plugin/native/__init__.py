@@ -19,6 +19,13 @@ kernel parameter from the same inputs, and the kernel's specialization flags are
 Otherwise the kind is refused (kept on the Python path; :func:`stats` says why). Setting any attribute
 of a loaded implementation's module (knobs), or switching implementation, drops every plan.
 
+The dense linear (``ops.linear``) is served by *recipes*: its configuration is a function of (M, N, K), so
+a plan for one exact (M, N, K, row strides, alignments, bias) maps each kernel parameter of the recorded
+launch to an operand's pointer, a temporary (allocated per call), the split reduce's ticket buffer (bound
+to the stream it was learned on) or a constant. Served: 2-D ``x`` on the decode-sized kernels (pointer
+loads, chunk partials with the reduce in the last program); kernels with TMA descriptors (large M, some
+M 33-64 shapes) stay on the Python path.
+
 Not served natively (the Python path runs, with its checks and errors): autograd calls, tensor
 subclasses other than ``nn.Parameter``, a tensor on a device other than the current one, views the
 kernel module would copy, empty tensors, non-float ``eps``, the interpreter, a Triton other than 3.6.
@@ -276,6 +283,71 @@ def learn(m, op: str, inputs: tuple, outputs: tuple, rec: list) -> tuple[bool, s
                 why = f"cannot read the compiled kernel: {type(e).__name__}: {e}"[:90]
         grid = tuple(grid) if isinstance(grid, (tuple, list)) else ()
     return m.learn(op, inputs, outputs, cfg, grid, params, info, why or None)
+
+
+LINEAR_KERNELS = ("_linear_partial_kernel", "_linear_ptr_kernel")
+R_X, R_W, R_B, R_Y, R_TMP, R_FIXED, R_I32, R_I64, R_F32 = range(9)
+
+
+def linear_recipe(rowops, x, weight, bias, y, rec):
+    """The recipe of a recorded GEMM launch (see ``_tik_native.c``, linear): (recipe, "") or (None, why)."""
+    import inspect
+
+    import torch
+
+    if len(rec) != 1:
+        return None, f"{len(rec)} launches recorded (expected 1)"
+    fn, grid, args, kw, kernel = rec[0]
+    if getattr(fn, "__name__", None) not in LINEAR_KERNELS or kernel is None:
+        return None, f"kernel {getattr(fn, '__name__', fn)!r} is not served natively (TMA descriptors / large M)"
+    md = kernel.metadata
+    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)
+            or getattr(md, "launch_cooperative_grid", False)):
+        return None, "kernel needs clusters, scratch memory or a cooperative launch"
+    codes = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+    fixed = {t.data_ptr(): key for key, t in getattr(rowops, "_TICKETS", {}).items()}
+    sig = inspect.signature(fn.fn)
+    bound = sig.bind(*args, **{k: v for k, v in kw.items() if k in sig.parameters})
+    bound.apply_defaults()
+    types_ = kernel.src.signature
+    params, temps, stream = [], [], 0
+    for name, v in bound.arguments.items():
+        ty = types_[name]
+        if ty == "constexpr":
+            continue
+        if isinstance(v, torch.Tensor):
+            p = v.data_ptr()
+            hits = [k for k, t in ((R_X, x), (R_W, weight), (R_B, bias), (R_Y, y)) if t is not None and t.data_ptr() == p]
+            if len(hits) > 1:
+                return None, f"parameter {name}: pointer shared by two operands"
+            if hits:
+                params.append((hits[0], 0))
+            elif p in fixed:
+                params.append((R_FIXED, p))
+                stream = int(fixed[p][1])
+            elif v.is_contiguous() and v.dtype in codes and v.dim() <= 3 and len(temps) < 2:
+                params.append((R_TMP, len(temps)))
+                temps.append((tuple(v.shape), codes[v.dtype]))
+            else:
+                return None, f"parameter {name}: a tensor that is no operand, temporary or fixed buffer"
+        elif isinstance(v, bool) or ty not in ("i32", "i64", "fp32"):
+            return None, f"parameter {name}: type {ty}"
+        else:
+            params.append(({"i32": R_I32, "i64": R_I64, "fp32": R_F32}[ty], v))
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    return (g, params, temps, stream, int(kernel.function), int(md.num_warps), int(md.shared),
+            bool(getattr(md, "launch_pdl", False)), y.device), ""
+
+
+def learn_linear_call(m, rowops, x, weight, bias, run):
+    """Run the Python path (``run()``: the kernel module's ``linear`` on the same 2-D operands) with its
+    launch recorded and register its recipe (or the kind as refused); returns run()'s result."""
+    y, rec = recorded(rowops, run)
+    recipe, why = linear_recipe(rowops, x, weight, bias, y, rec)
+    m.learn_linear(x, weight, bias, recipe, why or None)
+    if recipe is None:
+        _REFUSED[("linear", why)] = _REFUSED.get(("linear", why), 0) + 1
+    return y
 
 
 def learn_from_call(m, op: str, rowops, inputs: tuple, run):

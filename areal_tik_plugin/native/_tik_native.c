@@ -539,6 +539,291 @@ static PyObject *py_swiglu_fused(PyObject *self, PyObject *const *args, Py_ssize
   return swiglu_common(args, 1);
 }
 
+
+/* ---------------------------------------------------------------- linear (recipes)
+ * The GEMM's configuration is a function of (M, N, K) and its integer arguments are those sizes and the
+ * row strides, so a plan for one exact (M, N, K, strides, alignments, bias) is a *recipe*: each kernel
+ * parameter is an input's pointer, the output's, a temporary's (allocated per call), a fixed buffer's
+ * (the split reduce's tickets, bound to the stream it was learned on) or a constant. The recipe is read
+ * off the recorded launch by learn_linear(); C derives nothing it could get wrong, it only substitutes
+ * this call's pointers. */
+
+enum { R_X = 0, R_W, R_B, R_Y, R_TMP, R_FIXED, R_I32, R_I64, R_F32 };
+#define LIN_SLOTS 1024
+#define LIN_MAXT 2
+
+typedef struct {
+  int used, refused, dtype, bdtype, device, align; /* align: bits x, w, b 16-byte aligned */
+  long long M, N, K, sx, sw;
+  long long grid[3];
+  int n;
+  unsigned char kind[MAXP];
+  long long val[MAXP];
+  int ntmp;
+  long long tshape[LIN_MAXT][3];
+  int tndim[LIN_MAXT], tdtype[LIN_MAXT];
+  unsigned long long stream; /* 0: any stream; else the only stream the recipe's fixed buffers serve */
+  CUfunction fn;
+  int num_warps, shared, pdl;
+  PyObject *devobj;
+} lplan_t;
+
+static lplan_t g_lin[LIN_SLOTS];
+static int g_lin_count;
+
+static unsigned long long lin_hash(int dtype, int bdtype, int device, int align, long long M, long long N, long long K,
+                                   long long sx, long long sw) {
+  unsigned long long h = 1469598103934665603ULL;
+  long long v[9] = {dtype, bdtype, device, align, M, N, K, sx, sw};
+  for (int i = 0; i < 9; i++) { h ^= (unsigned long long)v[i]; h *= 1099511628211ULL; }
+  return h;
+}
+
+static lplan_t *lin_find(int dtype, int bdtype, int device, int align, long long M, long long N, long long K, long long sx,
+                         long long sw, int create) {
+  unsigned long long h = lin_hash(dtype, bdtype, device, align, M, N, K, sx, sw);
+  for (int probe = 0; probe < LIN_SLOTS; probe++) {
+    lplan_t *p = &g_lin[(h + (unsigned long long)probe) % LIN_SLOTS];
+    if (!p->used) {
+      if (!create) return NULL;
+      if (g_lin_count * 4 >= LIN_SLOTS * 3) return NULL; /* full: the caller clears the table */
+      memset(p, 0, sizeof *p);
+      p->used = 1; p->dtype = dtype; p->bdtype = bdtype; p->device = device; p->align = align;
+      p->M = M; p->N = N; p->K = K; p->sx = sx; p->sw = sw;
+      g_lin_count++;
+      return p;
+    }
+    if (p->dtype == dtype && p->bdtype == bdtype && p->device == device && p->align == align && p->M == M &&
+        p->N == N && p->K == K && p->sx == sx && p->sw == sw)
+      return p;
+  }
+  return NULL;
+}
+
+static void lin_clear(void) {
+  for (int i = 0; i < LIN_SLOTS; i++) {
+    Py_CLEAR(g_lin[i].devobj);
+    g_lin[i].used = 0;
+  }
+  g_lin_count = 0;
+}
+
+typedef struct { tinfo_t x, w, b; int has_b, align, bdtype; } lin_in_t;
+
+/* 1 read, 0 not handled, -1 error */
+static int lin_read(PyObject *const *args, int go, lin_in_t *in) {
+  int k;
+  in->has_b = args[2] != Py_None;
+  if ((k = tread(args[0], &in->x, go)) <= 0 || (k = tread(args[1], &in->w, go)) <= 0 ||
+      (in->has_b && (k = tread(args[2], &in->b, go)) <= 0))
+    return k;
+  tinfo_t *x = &in->x, *w = &in->w;
+  if (x->ndim != 2 || w->ndim != 2 || x->stride[1] != 1 || w->stride[1] != 1 || x->dtype == 2 || w->dtype != x->dtype)
+    return 0;
+  if (x->shape[0] < 1 || x->shape[1] != w->shape[1] || w->shape[0] < 1 || w->stride[0] < w->shape[1]) return 0;
+  if (w->device != x->device) return 0;
+  in->bdtype = -1;
+  if (in->has_b) {
+    tinfo_t *b = &in->b;
+    if (b->ndim != 1 || b->shape[0] != w->shape[0] || b->stride[0] != 1 || b->device != x->device) return 0;
+    if (b->dtype != x->dtype && b->dtype != 2) return 0;
+    in->bdtype = b->dtype;
+  }
+  in->align = (x->ptr % 16 == 0) | ((w->ptr % 16 == 0) << 1) | ((!in->has_b || in->b.ptr % 16 == 0) << 2);
+  return 1;
+}
+
+static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (!g_fast_ready || nargs != 3) NOT_HANDLED();
+  int go = grad_on();
+  if (go < 0) return NULL;
+  lin_in_t in;
+  int k = lin_read(args, go, &in);
+  if (k < 0) return NULL;
+  if (k == 0) NOT_HANDLED();
+  {
+    int d = cur_device();
+    if (d == -2) return NULL;
+    if (d != in.x.device) NOT_HANDLED();
+  }
+  long long M = in.x.shape[0], K = in.x.shape[1], N = in.w.shape[0];
+  lplan_t *pl = lin_find(in.x.dtype, in.bdtype, in.x.device, in.align, M, N, K, in.x.stride[0], in.w.stride[0], 0);
+  if (!pl || !pl->n) MISS();
+  if (pl->refused) NOT_HANDLED();
+  PyObject *idx = PyLong_FromLong(pl->device);
+  if (!idx) return NULL;
+  PyObject *so = PyObject_CallOneArg(g_raw_stream, idx);
+  Py_DECREF(idx);
+  if (!so) return NULL;
+  unsigned long long stream = (unsigned long long)PyLong_AsUnsignedLongLong(so);
+  Py_DECREF(so);
+  if (PyErr_Occurred()) return NULL;
+  if (pl->stream && pl->stream != stream) NOT_HANDLED();
+  if (!ensure_driver()) return NULL;
+  PyObject *yshape = Py_BuildValue("(LL)", M, N);
+  if (!yshape) return NULL;
+  PyObject *y = empty(yshape, in.x.dtype, pl->devobj);
+  Py_DECREF(yshape);
+  if (!y) return NULL;
+  PyObject *tmps[LIN_MAXT] = {NULL, NULL};
+  long long tptr[LIN_MAXT] = {0, 0}, yptr;
+  tinfo_t ti;
+  if (tread(y, &ti, 0) <= 0) goto fail;
+  yptr = ti.ptr;
+  if (yptr % 16) goto unaligned;
+  for (int t = 0; t < pl->ntmp; t++) {
+    PyObject *sh = PyTuple_New(pl->tndim[t]);
+    if (!sh) goto fail;
+    for (int d = 0; d < pl->tndim[t]; d++) PyTuple_SET_ITEM(sh, d, PyLong_FromLongLong(pl->tshape[t][d]));
+    tmps[t] = empty(sh, pl->tdtype[t], pl->devobj);
+    Py_DECREF(sh);
+    if (!tmps[t] || tread(tmps[t], &ti, 0) <= 0) goto fail;
+    tptr[t] = ti.ptr;
+    if (tptr[t] % 16) goto unaligned;
+  }
+  {
+    unsigned long long pv[MAXP];
+    void *params[MAXP + 2];
+    unsigned long long z0 = 0, z1 = 0;
+    for (int i = 0; i < pl->n; i++) {
+      long long v = pl->val[i];
+      switch (pl->kind[i]) {
+        case R_X: pv[i] = (unsigned long long)(in.x.ptr + v); break;
+        case R_W: pv[i] = (unsigned long long)(in.w.ptr + v); break;
+        case R_B: pv[i] = (unsigned long long)(in.b.ptr + v); break;
+        case R_Y: pv[i] = (unsigned long long)(yptr + v); break;
+        case R_TMP: pv[i] = (unsigned long long)tptr[v]; break;
+        case R_FIXED: pv[i] = (unsigned long long)v; break;
+        case R_I32: { int32_t q = (int32_t)v; pv[i] = 0; memcpy(&pv[i], &q, sizeof q); break; }
+        case R_I64: pv[i] = (unsigned long long)v; break;
+        default: { float f; double dd; memcpy(&dd, &v, sizeof dd); f = (float)dd; pv[i] = 0; memcpy(&pv[i], &f, sizeof f); }
+      }
+      params[i] = &pv[i];
+    }
+    params[pl->n] = &z0;
+    params[pl->n + 1] = &z1;
+    CUlaunchAttribute attrs[1];
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = (unsigned)pl->grid[0];
+    cfg.gridDimY = (unsigned)pl->grid[1];
+    cfg.gridDimZ = (unsigned)pl->grid[2];
+    cfg.blockDimX = 32u * (unsigned)pl->num_warps;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = (unsigned)pl->shared;
+    cfg.hStream = (CUstream)(uintptr_t)stream;
+    cfg.attrs = attrs;
+    if (pl->pdl) {
+      memset(&attrs[0], 0, sizeof attrs[0]);
+      attrs[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attrs[0].value.programmaticStreamSerializationAllowed = 1;
+      cfg.numAttrs = 1;
+    }
+    CUresult rc = g_launch(&cfg, pl->fn, params, NULL);
+    if (rc != CUDA_SUCCESS) {
+      PyErr_Format(PyExc_RuntimeError, "areal_tik_plugin.native: cuLaunchKernelEx failed (CUresult %d)", (int)rc);
+      goto fail;
+    }
+  }
+  for (int t = 0; t < LIN_MAXT; t++) Py_XDECREF(tmps[t]); /* the caching allocator keeps stream order */
+  g_hits++;
+  return y;
+unaligned: /* the recipe was learned on 16-byte aligned outputs: leave this call to the Python path */
+  Py_XDECREF(y);
+  for (int t = 0; t < LIN_MAXT; t++) Py_XDECREF(tmps[t]);
+  NOT_HANDLED();
+fail:
+  Py_XDECREF(y);
+  for (int t = 0; t < LIN_MAXT; t++) Py_XDECREF(tmps[t]);
+  return NULL;
+}
+
+/* learn_linear(x, weight, bias|None, recipe|None, reason|None) -> None
+ * recipe: (grid (3 ints), [(kind, value)], [(shape tuple, dtype code)], stream, fn, num_warps, shared, pdl,
+ * device_obj); None with a reason: the kind is refused (kept on the Python path). */
+static PyObject *py_learn_linear(PyObject *self, PyObject *args) {
+  PyObject *x, *w, *b, *recipe;
+  const char *reason = NULL;
+  if (!g_ready) {
+    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.native: setup() has not run");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "OOOO|z", &x, &w, &b, &recipe, &reason)) return NULL;
+  PyObject *a3[3] = {x, w, b};
+  lin_in_t in;
+  int k = lin_read(a3, 0, &in);
+  if (k < 0) return NULL;
+  if (k == 0) Py_RETURN_FALSE;
+  long long M = in.x.shape[0], K = in.x.shape[1], N = in.w.shape[0];
+  lplan_t *pl = lin_find(in.x.dtype, in.bdtype, in.x.device, in.align, M, N, K, in.x.stride[0], in.w.stride[0], 1);
+  if (!pl) {
+    lin_clear();
+    pl = lin_find(in.x.dtype, in.bdtype, in.x.device, in.align, M, N, K, in.x.stride[0], in.w.stride[0], 1);
+    if (!pl) Py_RETURN_FALSE;
+  }
+  if (recipe == Py_None) {
+    pl->refused = 1;
+    pl->n = 1;
+    Py_RETURN_FALSE;
+  }
+  PyObject *params, *temps, *devobj;
+  unsigned long long stream, fn;
+  int nw, shm, pdl;
+  if (!PyArg_ParseTuple(recipe, "(LLL)OOKKiipO", &pl->grid[0], &pl->grid[1], &pl->grid[2], &params, &temps, &stream,
+                        &fn, &nw, &shm, &pdl, &devobj))
+    goto bad;
+  if (!PyList_Check(params) || PyList_GET_SIZE(params) > MAXP || !PyList_Check(temps) ||
+      PyList_GET_SIZE(temps) > LIN_MAXT) {
+    PyErr_SetString(PyExc_ValueError, "learn_linear: params (<= 16) and temps (<= 2) must be lists");
+    goto bad;
+  }
+  pl->n = (int)PyList_GET_SIZE(params);
+  for (int i = 0; i < pl->n; i++) {
+    int kind;
+    PyObject *v;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(params, i), "iO", &kind, &v)) goto bad;
+    pl->kind[i] = (unsigned char)kind;
+    if (kind == R_F32) {
+      double d = PyFloat_AsDouble(v);
+      memcpy(&pl->val[i], &d, sizeof d);
+    } else {
+      pl->val[i] = PyLong_AsLongLong(v);
+    }
+    if (PyErr_Occurred()) goto bad;
+  }
+  pl->ntmp = (int)PyList_GET_SIZE(temps);
+  for (int t = 0; t < pl->ntmp; t++) {
+    PyObject *sh;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(temps, t), "Oi", &sh, &pl->tdtype[t]) || !PyTuple_Check(sh) ||
+        PyTuple_GET_SIZE(sh) > 3 || pl->tdtype[t] < 0 || pl->tdtype[t] > 2) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "learn_linear: a temp is (shape <= 3 dims, dtype code)");
+      goto bad;
+    }
+    pl->tndim[t] = (int)PyTuple_GET_SIZE(sh);
+    for (int d = 0; d < pl->tndim[t]; d++) pl->tshape[t][d] = PyLong_AsLongLong(PyTuple_GET_ITEM(sh, d));
+    if (PyErr_Occurred()) goto bad;
+  }
+  pl->stream = stream;
+  pl->fn = (CUfunction)(uintptr_t)fn;
+  pl->num_warps = nw;
+  pl->shared = shm;
+  pl->pdl = pdl;
+  Py_INCREF(devobj);
+  Py_XSETREF(pl->devobj, devobj);
+  pl->refused = 0;
+  Py_RETURN_TRUE;
+bad:
+  pl->n = 0; /* an unusable recipe: no plan */
+  return NULL;
+}
+
+static PyObject *lin_stats(void) {
+  int n = 0, refused = 0;
+  for (int i = 0; i < LIN_SLOTS; i++)
+    if (g_lin[i].used && g_lin[i].n) { n++; refused += g_lin[i].refused; }
+  return Py_BuildValue("{s:i,s:i}", "plans", n, "refused", refused);
+}
+
 /* ---------------------------------------------------------------- derive / learn */
 
 /* derive(op, inputs: tuple, outputs: tuple, cfg: int) -> (grid, [(kind, spec, value), ...]) or None.
@@ -712,6 +997,7 @@ static PyObject *py_invalidate(PyObject *self, PyObject *noargs) {
     Py_CLEAR(g_plans[p].devobj);
     g_plans[p].used = 0;
   }
+  lin_clear();
   Py_RETURN_NONE;
 }
 
@@ -728,8 +1014,8 @@ static PyObject *py_stats(PyObject *self, PyObject *noargs) {
     if (!d || PyList_Append(plans, d)) { Py_XDECREF(d); Py_DECREF(plans); return NULL; }
     Py_DECREF(d);
   }
-  return Py_BuildValue("{s:L,s:L,s:L,s:N}", "hits", g_hits, "misses", g_misses, "not_handled", g_unsupported, "plans",
-                       plans);
+  return Py_BuildValue("{s:L,s:L,s:L,s:N,s:N}", "hits", g_hits, "misses", g_misses, "not_handled", g_unsupported,
+                       "plans", plans, "linear", lin_stats());
 }
 
 /* setup(torch) : caches the objects the hot path uses. */
@@ -782,6 +1068,8 @@ static PyMethodDef methods[] = {
     {"rmsnorm", (PyCFunction)(void (*)(void))py_rmsnorm, METH_FASTCALL, "rmsnorm(x, weight, eps, residual|None)"},
     {"swiglu", (PyCFunction)(void (*)(void))py_swiglu, METH_FASTCALL, "swiglu(gate, up)"},
     {"swiglu_fused", (PyCFunction)(void (*)(void))py_swiglu_fused, METH_FASTCALL, "swiglu_fused(gate_up)"},
+    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_FASTCALL, "linear(x [M, K], weight [N, K], bias|None)"},
+    {"learn_linear", py_learn_linear, METH_VARARGS, "learn_linear(x, weight, bias, recipe|None[, reason])"},
     {"derive", py_derive, METH_VARARGS, "derive(op, inputs, outputs, cfg) -> (grid, params) | None"},
     {"learn", py_learn, METH_VARARGS, "learn(op, inputs, outputs, cfg, grid, params, info) -> (ok, reason)"},
     {"invalidate", py_invalidate, METH_NOARGS, "drop every plan"},

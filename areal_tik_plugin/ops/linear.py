@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin import loader as _loader
+from areal_tik_plugin import native as _native
 from areal_tik_plugin.ops import _validate as V
 
 
@@ -18,10 +19,28 @@ def _impl():
     return _loader.current_module("gemm")
 
 
+def _rowops():
+    return _loader.current_module("_rowops")
+
+
+def _forward(x2, weight, bias):
+    """The kernel module's ``linear`` on a 2-D operand, through the native host path when it serves the
+    call (same kernel, same bits)."""
+    m = _native.module()
+    if m is not None:
+        r = m.linear(x2, weight, bias)
+        if r is not None:
+            if r is not False:
+                return r
+            impl = _impl()
+            return _native.learn_linear_call(m, _rowops(), x2, weight, bias, lambda: impl.linear(x2, weight, bias))
+    return _impl().linear(x2, weight, bias)
+
+
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias):
-        y = _impl().linear(x2, weight, bias)
+        y = _forward(x2, weight, bias)
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -67,6 +86,15 @@ def linear(x, weight, bias=None):
     Tensor [..., N] in x.dtype (fp32 accumulation, one rounding). Differentiable w.r.t. x, weight
     and bias (backward through cuBLAS).
     """
+    m = _native.module()
+    if m is not None:  # eager 2-D forward through the native host path (same kernel, same bits)
+        r = m.linear(x, weight, bias)
+        if r is not None:
+            if r is not False:
+                return r
+            check_linear_args(x, weight, bias)
+            impl = _impl()
+            return _native.learn_linear_call(m, _rowops(), x, weight, bias, lambda: impl.linear(x, weight, bias))
     check_linear_args(x, weight, bias)
     return _run(x, weight, bias)
 
@@ -81,7 +109,7 @@ def _run(x, weight, bias):
     if torch.is_grad_enabled() and needs_grad:
         y = _Linear.apply(x2, weight, bias)
     else:  # inference (rollout): no autograd node, less host overhead
-        y = _impl().linear(x2, weight, bias)
+        y = _forward(x2, weight, bias)
     return y.reshape(*lead, weight.shape[0])
 
 
@@ -93,6 +121,11 @@ def _linear_fast(x, weight, bias=None):
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
     call on the same ``[M, K]`` operand -- bit-identical results. A 2-D ``x`` (the integrations'
     usual case) skips the reshapes."""
+    m = _native.module()
+    if m is not None:
+        r = m.linear(x, weight, bias)
+        if r is not None and r is not False:
+            return r
     key = (V.sig(x), V.sig(weight), V.sig(bias))
     _MEMO.once(key, check_linear_args, x, weight, bias)
     if x.dim() != 2:
@@ -100,4 +133,4 @@ def _linear_fast(x, weight, bias=None):
     needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     if torch.is_grad_enabled() and needs_grad:
         return _Linear.apply(x, weight, bias)
-    return _impl().linear(x, weight, bias)
+    return _forward(x, weight, bias)

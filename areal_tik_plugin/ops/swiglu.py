@@ -23,6 +23,32 @@ def _rowops():
     return _loader.current_module("_rowops")
 
 
+def _forward(gate, up):
+    """The kernel module's forward (autograd's forward), through the native host path when it serves the
+    call (same kernel, same bits)."""
+    m = _native.module()
+    if m is not None:
+        r = m.swiglu(gate, up)
+        if r is not None:
+            if r is not False:
+                return r
+            impl = _impl()
+            return _native.learn_from_call(m, "swiglu", _rowops(), (gate, up), lambda: impl.forward(gate, up))
+    return _impl().forward(gate, up)
+
+
+def _forward_fused(gate_up):
+    m = _native.module()
+    if m is not None:
+        r = m.swiglu_fused(gate_up)
+        if r is not None:
+            if r is not False:
+                return r
+            impl = _impl()
+            return _native.learn_from_call(m, "swiglu_fused", _rowops(), (gate_up,), lambda: impl.forward_fused(gate_up))
+    return _impl().forward_fused(gate_up)
+
+
 def _grad(dy):
     return dy if dy.stride(-1) == 1 else dy.contiguous()
 
@@ -31,7 +57,7 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up):
         ctx.save_for_backward(gate, up)
-        return _impl().forward(gate, up)
+        return _forward(gate, up)
 
     @staticmethod
     def backward(ctx, dy):
@@ -43,7 +69,7 @@ class _SwiGLUFused(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate_up):
         ctx.save_for_backward(gate_up)
-        return _impl().forward_fused(gate_up)
+        return _forward_fused(gate_up)
 
     @staticmethod
     def backward(ctx, dy):
