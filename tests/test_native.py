@@ -332,3 +332,104 @@ def test_linear_recipe_refuses_unknown_buffers_and_kernels(m):
     assert m.stats()["linear"] == {"plans": 1, "refused": 1}
     m.invalidate()
     assert m.linear(x, w, None) is None  # setup_cpu: the launch entry points stay off
+
+
+class _FakeNative:
+    """Stands in for the C module on the CPU: answers each entry point from a script (result / False / None)
+    and records what the ops ask it to learn."""
+
+    def __init__(self, answer):
+        self.answer, self.calls, self.learned = answer, [], []
+
+    def _entry(self, name, *args):
+        self.calls.append(name)
+        a = self.answer(name, args)
+        return a
+
+    def rmsnorm(self, *a):
+        return self._entry("rmsnorm", *a)
+
+    def swiglu(self, *a):
+        return self._entry("swiglu", *a)
+
+    def swiglu_fused(self, *a):
+        return self._entry("swiglu_fused", *a)
+
+    def linear(self, *a):
+        return self._entry("linear", *a)
+
+    def learn(self, op, inputs, outputs, cfg, grid, params, info, refuse=None):
+        self.learned.append((op, refuse, len(params)))
+        return (refuse is None, refuse or "")
+
+    def learn_linear(self, x, w, b, recipe, reason=None):
+        self.learned.append(("linear", reason, recipe is not None))
+        return recipe is not None
+
+    def invalidate(self):
+        pass
+
+
+def _public_calls():
+    from areal_tik_plugin import ops
+
+    torch.manual_seed(0)
+    x, r, w = torch.randn(3, 32), torch.randn(3, 32), torch.randn(32)
+    gu = torch.randn(3, 2 * 16)
+    xl, wl = torch.randn(3, 24, dtype=torch.bfloat16), torch.randn(8, 24, dtype=torch.bfloat16)
+    import importlib
+
+    norm = importlib.import_module("areal_tik_plugin.ops.norm")
+    swiglu = importlib.import_module("areal_tik_plugin.ops.swiglu")
+    lin = importlib.import_module("areal_tik_plugin.ops.linear")
+    return {
+        "rmsnorm": (lambda: ops.rms_norm(x, w, 1e-6), lambda: norm._rms_norm_fast(x, w, 1e-6)),
+        "rmsnorm_res": (lambda: ops.rms_norm_residual(x, r, w, 1e-6), lambda: norm._rms_norm_residual_fast(x, r, w, 1e-6)),
+        "swiglu_fused": (lambda: ops.swiglu_fused(gu), lambda: swiglu._swiglu_fused_fast(gu)),
+        "swiglu": (lambda: ops.swiglu(gu[:, :16], gu[:, 16:]), lambda: swiglu._swiglu_fast(gu[:, :16], gu[:, 16:])),
+        "linear": (lambda: ops.linear(xl, wl), lambda: lin._linear_fast(xl, wl)),
+    }
+
+
+@pytest.mark.parametrize("case", ["rmsnorm", "rmsnorm_res", "swiglu_fused", "swiglu", "linear"])
+def test_ops_control_flow_with_a_native_module(monkeypatch, case):
+    """Public and integration entry points: a served result is returned as is; a miss runs the Python path
+    (same result as without the native module) with its launch recorded and asks the module to learn it;
+    None leaves the call to the Python path without learning."""
+    calls = _public_calls()[case]
+    ref = [c() for c in calls]  # the native path is off on the CPU: the Python path's results
+    sentinel = object()
+    for i, call in enumerate(calls):
+        fake = _FakeNative(lambda name, args: sentinel)
+        monkeypatch.setattr(native, "_MOD", fake)
+        assert call() is sentinel and fake.learned == []
+        fake = _FakeNative(lambda name, args: False)
+        monkeypatch.setattr(native, "_MOD", fake)
+        got = call()
+        for a, b in zip(got if isinstance(got, tuple) else (got,), ref[i] if isinstance(ref[i], tuple) else (ref[i],)):
+            assert torch.equal(a, b)
+        assert len(fake.learned) == 1, fake.learned  # interpreter launches have no compiled kernel: refused
+        assert fake.learned[0][1] is not None
+        fake = _FakeNative(lambda name, args: None)
+        monkeypatch.setattr(native, "_MOD", fake)
+        got = call()
+        assert fake.learned == [] and fake.calls
+    monkeypatch.setattr(native, "_MOD", native._UNSET)
+
+
+def test_autograd_forward_uses_the_native_module(monkeypatch):
+    """Inside autograd's forward (grad mode off there) the kernel call goes to the native module too; the
+    backward is unchanged."""
+    from areal_tik_plugin import ops
+
+    x = torch.randn(3, 32, requires_grad=True)
+    w = torch.randn(32, requires_grad=True)
+    ref = ops.rms_norm(x, w, 1e-6)
+    fake = _FakeNative(lambda name, args: None if torch.is_grad_enabled() and args[0].requires_grad else False)
+    monkeypatch.setattr(native, "_MOD", fake)
+    y = ops.rms_norm(x, w, 1e-6)
+    assert fake.calls == ["rmsnorm", "rmsnorm"] and len(fake.learned) == 1
+    assert torch.equal(y, ref) and y.grad_fn is not None
+    y.sum().backward()
+    assert x.grad is not None and w.grad is not None
+    monkeypatch.setattr(native, "_MOD", native._UNSET)

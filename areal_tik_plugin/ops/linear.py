@@ -23,6 +23,15 @@ def _rowops():
     return _loader.current_module("_rowops")
 
 
+def _served(x, weight, bias):
+    """The native host path's result for this call, or None (no plan yet, or a call it leaves to Python)."""
+    m = _native.module()
+    if m is None:
+        return None
+    r = m.linear(x, weight, bias)
+    return None if r is None or r is False else r
+
+
 def _forward(x2, weight, bias):
     """The kernel module's ``linear`` on a 2-D operand, through the native host path when it serves the
     call (same kernel, same bits)."""
@@ -86,15 +95,9 @@ def linear(x, weight, bias=None):
     Tensor [..., N] in x.dtype (fp32 accumulation, one rounding). Differentiable w.r.t. x, weight
     and bias (backward through cuBLAS).
     """
-    m = _native.module()
-    if m is not None:  # eager 2-D forward through the native host path (same kernel, same bits)
-        r = m.linear(x, weight, bias)
-        if r is not None:
-            if r is not False:
-                return r
-            check_linear_args(x, weight, bias)
-            impl = _impl()
-            return _native.learn_linear_call(m, _rowops(), x, weight, bias, lambda: impl.linear(x, weight, bias))
+    r = _served(x, weight, bias)  # eager 2-D forward through the native host path (same kernel, same bits)
+    if r is not None:
+        return r
     check_linear_args(x, weight, bias)
     return _run(x, weight, bias)
 
@@ -121,11 +124,9 @@ def _linear_fast(x, weight, bias=None):
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
     call on the same ``[M, K]`` operand -- bit-identical results. A 2-D ``x`` (the integrations'
     usual case) skips the reshapes."""
-    m = _native.module()
-    if m is not None:
-        r = m.linear(x, weight, bias)
-        if r is not None and r is not False:
-            return r
+    r = _served(x, weight, bias)
+    if r is not None:
+        return r
     key = (V.sig(x), V.sig(weight), V.sig(bias))
     _MEMO.once(key, check_linear_args, x, weight, bias)
     if x.dim() != 2:

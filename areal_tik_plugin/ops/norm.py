@@ -45,6 +45,15 @@ def _forward(x, weight, eps, residual=None):
     return _impl().forward(x, weight, eps, residual=residual)
 
 
+def _served(x, weight, eps, residual=None):
+    """The native host path's result for this call, or None (no plan yet, or a call it leaves to Python)."""
+    m = _native.module()
+    if m is None:
+        return None
+    r = m.rmsnorm(x, weight, eps, residual)
+    return None if r is None or r is False else r
+
+
 def _needs_grad(*ts):
     return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
 
@@ -112,19 +121,12 @@ def rms_norm(x, weight, eps):
     -------
     Tensor like x (contiguous, x.dtype); differentiable w.r.t. x and weight.
     """
-    m = _native.module()
-    if m is not None:  # eager forward through the native host path (same kernel, same bits)
-        r = m.rmsnorm(x, weight, eps, None)
-        if r is not None:
-            if r is not False:
-                return r
-            eps = _check(x, weight, eps)
-            impl = _impl()
-            return _native.learn_from_call(m, "rmsnorm", _rowops(), (x, weight, eps, None),
-                                           lambda: impl.forward(x, weight, eps))
+    r = _served(x, weight, eps)  # eager forward through the native host path (same kernel, same bits)
+    if r is not None:
+        return r
     eps = _check(x, weight, eps)
     if not _needs_grad(x, weight):  # inference (SGLang): the same kernel without autograd bookkeeping
-        return _impl().forward(x, weight, eps)
+        return _forward(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)
 
 
@@ -135,20 +137,15 @@ def _rms_norm_fast(x, weight, eps):
     """:func:`rms_norm` for the integrations: its static checks run once per argument signature
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
     call -- bit-identical results."""
-    m = _native.module()
-    if m is not None:
-        r = m.rmsnorm(x, weight, eps, None)
-        if r is not None and r is not False:
-            return r
+    r = _served(x, weight, eps)
+    if r is not None:
+        return r
     impl = _impl()
     key = (impl, V.sig(x), V.sig(weight), type(eps), eps)
     _MEMO.once(key, _check, x, weight, eps)
     eps = float(eps)
-    if m is not None and r is False:
-        return _native.learn_from_call(m, "rmsnorm", _rowops(), (x, weight, eps, None),
-                                       lambda: impl.forward(x, weight, eps))
     if not _needs_grad(x, weight):
-        return impl.forward(x, weight, eps)
+        return _forward(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)
 
 
@@ -166,16 +163,9 @@ def rms_norm_residual(x, residual, weight, eps):
     -------
     (y, new_residual), both like x (new tensors; inputs are not modified).
     """
-    m = _native.module()
-    if m is not None:  # eager forward through the native host path (same kernel, same bits)
-        r = m.rmsnorm(x, weight, eps, residual)
-        if r is not None:
-            if r is not False:
-                return r
-            eps = _check_residual(x, residual, weight, eps)
-            impl = _impl()
-            return _native.learn_from_call(m, "rmsnorm", _rowops(), (x, weight, eps, residual),
-                                           lambda: impl.forward(x, weight, eps, residual=residual))
+    r = _served(x, weight, eps, residual)  # the native host path (same kernel, same bits)
+    if r is not None:
+        return r
     eps = _check_residual(x, residual, weight, eps)
     return _run_residual(_impl(), x, residual, weight, eps)
 
@@ -191,7 +181,7 @@ def _check_residual(x, residual, weight, eps):
 
 def _run_residual(impl, x, residual, weight, eps):
     if not _needs_grad(x, residual, weight):
-        return impl.forward(x, weight, eps, residual=residual)
+        return _forward(x, weight, eps, residual)
     return _RMSNormResidual.apply(x, residual, weight, eps)
 
 
@@ -201,17 +191,12 @@ _MEMO_RES = V.Memo()
 def _rms_norm_residual_fast(x, residual, weight, eps):
     """:func:`rms_norm_residual` with its static checks run once per argument signature (as
     :func:`_rms_norm_fast`): the same kernel call, bit-identical results, the same errors."""
-    m = _native.module()
-    if m is not None:
-        r = m.rmsnorm(x, weight, eps, residual)
-        if r is not None and r is not False:
-            return r
+    r = _served(x, weight, eps, residual)
+    if r is not None:
+        return r
     impl = _impl()
     key = (impl, V.sig(x), V.sig(residual), V.sig(weight), type(eps), eps)
     _MEMO_RES.once(key, _check_residual, x, residual, weight, eps)
-    if m is not None and r is False:
-        return _native.learn_from_call(m, "rmsnorm", _rowops(), (x, weight, float(eps), residual),
-                                       lambda: impl.forward(x, weight, float(eps), residual=residual))
     return _run_residual(impl, x, residual, weight, float(eps))
 
 

@@ -23,6 +23,15 @@ def _rowops():
     return _loader.current_module("_rowops")
 
 
+def _served(c_fn, *args):
+    """The native host path's result for this call, or None (no plan yet, or a call it leaves to Python)."""
+    m = _native.module()
+    if m is None:
+        return None
+    r = getattr(m, c_fn)(*args)
+    return None if r is None or r is False else r
+
+
 def _forward(gate, up):
     """The kernel module's forward (autograd's forward), through the native host path when it serves the
     call (same kernel, same bits)."""
@@ -88,14 +97,9 @@ def swiglu(gate, up):
     -------
     Tensor [..., I] (contiguous); differentiable w.r.t. gate and up.
     """
-    m = _native.module()
-    if m is not None:  # eager forward through the native host path (same kernel, same bits)
-        r = m.swiglu(gate, up)
-        if r is not None:
-            if r is not False:
-                return r
-            _check(gate, up)
-            return _native.learn_from_call(m, "swiglu", _rowops(), (gate, up), lambda: _run(gate, up))
+    r = _served("swiglu", gate, up)  # eager forward through the native host path (same kernel, same bits)
+    if r is not None:
+        return r
     _check(gate, up)
     return _run(gate, up)
 
@@ -111,7 +115,7 @@ def _check(gate, up):
 
 def _run(gate, up):
     if not (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
-        return _impl().forward(gate, up)
+        return _forward(gate, up)
     return _SwiGLU.apply(gate, up)
 
 
@@ -122,15 +126,11 @@ def _swiglu_fast(gate, up):
     """:func:`swiglu` for the integrations: static checks once per argument signature
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
     call -- bit-identical results."""
-    m = _native.module()
-    if m is not None:
-        r = m.swiglu(gate, up)
-        if r is not None and r is not False:
-            return r
+    r = _served("swiglu", gate, up)
+    if r is not None:
+        return r
     key = (V.sig(gate), V.sig(up))
     _MEMO.once(key, _check, gate, up)
-    if m is not None and r is False:
-        return _native.learn_from_call(m, "swiglu", _rowops(), (gate, up), lambda: _run(gate, up))
     return _run(gate, up)
 
 
@@ -145,14 +145,9 @@ def swiglu_fused(gate_up):
     -------
     Tensor [..., I] (contiguous); differentiable w.r.t. gate_up.
     """
-    m = _native.module()
-    if m is not None:  # eager forward through the native host path (same kernel, same bits)
-        r = m.swiglu_fused(gate_up)
-        if r is not None:
-            if r is not False:
-                return r
-            _check_fused(gate_up)
-            return _native.learn_from_call(m, "swiglu_fused", _rowops(), (gate_up,), lambda: _run_fused(gate_up))
+    r = _served("swiglu_fused", gate_up)  # the native host path (same kernel, same bits)
+    if r is not None:
+        return r
     _check_fused(gate_up)
     return _run_fused(gate_up)
 
@@ -165,7 +160,7 @@ def _check_fused(gate_up):
 
 def _run_fused(gate_up):
     if not (torch.is_grad_enabled() and gate_up.requires_grad):
-        return _impl().forward_fused(gate_up)
+        return _forward_fused(gate_up)
     return _SwiGLUFused.apply(gate_up)
 
 
@@ -175,13 +170,9 @@ _MEMO_FUSED = V.Memo()
 def _swiglu_fused_fast(gate_up):
     """:func:`swiglu_fused` with its static checks run once per argument signature (as
     :func:`_swiglu_fast`): the same kernel call, bit-identical results, the same errors."""
-    m = _native.module()
-    if m is not None:
-        r = m.swiglu_fused(gate_up)
-        if r is not None and r is not False:
-            return r
+    r = _served("swiglu_fused", gate_up)
+    if r is not None:
+        return r
     key = V.sig(gate_up)
     _MEMO_FUSED.once(key, _check_fused, gate_up)
-    if m is not None and r is False:
-        return _native.learn_from_call(m, "swiglu_fused", _rowops(), (gate_up,), lambda: _run_fused(gate_up))
     return _run_fused(gate_up)
