@@ -1,5 +1,6 @@
-"""Native host path for eager forward calls of the row-wise ops (RMSNorm with or without the residual,
-per-head Q/K norm through ``rms_norm``, SwiGLU fused or separate).
+"""Native host path for forward calls of RMSNorm (with or without the residual, per-head Q/K norm through
+``rms_norm``), SwiGLU (fused or separate) and the decode-sized dense linear: eager calls, and the kernel
+call inside autograd's forward (training).
 
 Why: a Python-launched op costs 20-60 us of host time on the H200 machines (argument checks, the kernel
 module's wrapper, Triton's binder and launcher), against 8-20 us for Hugging Face's two-to-seven ATen
@@ -26,7 +27,8 @@ to the stream it was learned on) or a constant. Served: 2-D ``x`` on the decode-
 loads, chunk partials with the reduce in the last program); kernels with TMA descriptors (large M, some
 M 33-64 shapes) stay on the Python path.
 
-Not served natively (the Python path runs, with its checks and errors): autograd calls, tensor
+Not served natively (the Python path runs, with its checks and errors): the autograd-tracked call itself
+(the kernel call inside autograd's forward is served; validation and autograd bookkeeping stay), tensor
 subclasses other than ``nn.Parameter``, a tensor on a device other than the current one, views the
 kernel module would copy, empty tensors, non-float ``eps``, the interpreter, a Triton other than 3.6.
 Triton's launch hooks (profilers such as Proton) do not see native launches; ``TIK_NATIVE=0`` turns the

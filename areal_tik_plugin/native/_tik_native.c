@@ -1,4 +1,5 @@
-/* Native host path for the row-wise ops' forward calls (areal_tik_plugin.native).
+/* Native host path for the forward calls of RMSNorm, SwiGLU and the decode-sized linear
+ * (areal_tik_plugin.native).
  *
  * One Python -> C call per op call replaces ~20-60 us of Python (argument checks, the kernel module's
  * wrapper, Triton's binder and launcher) with argument reads, one torch.empty and cuLaunchKernelEx of
@@ -8,7 +9,7 @@
  * call of a kind goes through the Python path with its launch recorded; learn() then derives the launch
  * from the same inputs with this file's rules and registers a plan only if grid and every kernel
  * parameter equal the recorded ones (and the kernel's specialization flags are the ones assumed here).
- * Anything this file does not handle (autograd, a tensor subclass, another device, a view the kernel
+ * Anything this file does not handle (a call autograd must track, a tensor subclass, another device, a view the kernel
  * module would copy, an empty tensor, bad input) returns None and the caller takes the Python path,
  * which raises the errors. invalidate() drops every plan (any knob or implementation change).
  *
