@@ -336,6 +336,8 @@ def linear_recipe(rowops, x, weight, bias, y, rec):
             return None, f"parameter {name}: type {ty}"
         else:
             params.append(({"i32": R_I32, "i64": R_I64, "fp32": R_F32}[ty], v))
+    if len(params) > 16:  # MAXP in _tik_native.c
+        return None, f"{len(params)} kernel parameters (the native path takes at most 16)"
     g = tuple(grid) + (1,) * (3 - len(grid))
     return (g, params, temps, stream, int(kernel.function), int(md.num_warps), int(md.shared),
             bool(getattr(md, "launch_pdl", False)), y.device), ""
