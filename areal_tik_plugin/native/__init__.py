@@ -343,23 +343,43 @@ def linear_recipe(rowops, x, weight, bias, y, rec):
             bool(getattr(md, "launch_pdl", False)), y.device), ""
 
 
-def learn_linear_call(m, rowops, x, weight, bias, run):
-    """Run the Python path (``run()``: the kernel module's ``linear`` on the same 2-D operands) with its
-    launch recorded and register its recipe (or the kind as refused); returns run()'s result."""
-    y, rec = recorded(rowops, run)
-    recipe, why = linear_recipe(rowops, x, weight, bias, y, rec)
-    m.learn_linear(x, weight, bias, recipe, why or None)
-    if recipe is None:
-        _REFUSED[("linear", why)] = _REFUSED.get(("linear", why), 0) + 1
-    return y
+def _learn_call(m, entry: str, args: tuple, run):
+    """Run the Python path (``run()``) with its launch recorded and register a plan for this kind of call
+    (a recipe for ``linear``), or register the kind as refused; returns run()'s result unchanged."""
+    from areal_tik_plugin import loader
 
-
-def learn_from_call(m, op: str, rowops, inputs: tuple, run):
-    """Run the Python path (``run()``) with its launch recorded and learn a plan from it; returns run()'s
-    result unchanged."""
+    rowops = loader.current_module("_rowops")
     out, rec = recorded(rowops, run)
-    outputs = out if isinstance(out, tuple) else (out,)
-    ok, why = learn(m, op, inputs, outputs, rec)
+    if entry == "linear":
+        recipe, why = linear_recipe(rowops, *args, out, rec)
+        m.learn_linear(*args, recipe, why or None)
+        ok = recipe is not None
+    else:
+        ok, why = learn(m, entry, args, out if isinstance(out, tuple) else (out,), rec)
     if not ok:
-        _REFUSED[(op, why)] = _REFUSED.get((op, why), 0) + 1
+        _REFUSED[(entry, why)] = _REFUSED.get((entry, why), 0) + 1
     return out
+
+
+def served(entry: str, *args):
+    """The native path's result for ``entry(*args)`` (``rmsnorm``, ``swiglu``, ``swiglu_fused``,
+    ``linear``), or None: the path is off, has no plan for this kind of call yet, or leaves it to Python.
+    For the public entry points, before their Python checks."""
+    m = module()
+    if m is None:
+        return None
+    r = getattr(m, entry)(*args)
+    return None if r is None or r is False else r
+
+
+def forward(entry: str, args: tuple, run):
+    """The kernel module's forward for ``args`` (checked inputs): through the native path when it has a
+    plan, else ``run()`` (Triton's launch), with the launch learned when the kind has no plan yet."""
+    m = module()
+    if m is not None:
+        r = getattr(m, entry)(*args)
+        if r is False:
+            return _learn_call(m, entry, args, run)
+        if r is not None:
+            return r
+    return run()

@@ -19,31 +19,10 @@ def _impl():
     return _loader.current_module("gemm")
 
 
-def _rowops():
-    return _loader.current_module("_rowops")
-
-
-def _served(x, weight, bias):
-    """The native host path's result for this call, or None (no plan yet, or a call it leaves to Python)."""
-    m = _native.module()
-    if m is None:
-        return None
-    r = m.linear(x, weight, bias)
-    return None if r is None or r is False else r
-
-
 def _forward(x2, weight, bias):
     """The kernel module's ``linear`` on a 2-D operand, through the native host path when it serves the
     call (same kernel, same bits)."""
-    m = _native.module()
-    if m is not None:
-        r = m.linear(x2, weight, bias)
-        if r is not None:
-            if r is not False:
-                return r
-            impl = _impl()
-            return _native.learn_linear_call(m, _rowops(), x2, weight, bias, lambda: impl.linear(x2, weight, bias))
-    return _impl().linear(x2, weight, bias)
+    return _native.forward("linear", (x2, weight, bias), lambda: _impl().linear(x2, weight, bias))
 
 
 class _Linear(torch.autograd.Function):
@@ -95,7 +74,7 @@ def linear(x, weight, bias=None):
     Tensor [..., N] in x.dtype (fp32 accumulation, one rounding). Differentiable w.r.t. x, weight
     and bias (backward through cuBLAS).
     """
-    r = _served(x, weight, bias)  # eager 2-D forward through the native host path (same kernel, same bits)
+    r = _native.served("linear", x, weight, bias)  # eager 2-D forward through the native host path (same kernel, same bits)
     if r is not None:
         return r
     check_linear_args(x, weight, bias)
@@ -124,7 +103,7 @@ def _linear_fast(x, weight, bias=None):
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
     call on the same ``[M, K]`` operand -- bit-identical results. A 2-D ``x`` (the integrations'
     usual case) skips the reshapes."""
-    r = _served(x, weight, bias)
+    r = _native.served("linear", x, weight, bias)
     if r is not None:
         return r
     key = (V.sig(x), V.sig(weight), V.sig(bias))

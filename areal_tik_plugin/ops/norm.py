@@ -26,32 +26,11 @@ def _impl():
     return _loader.current_module("rmsnorm")
 
 
-def _rowops():
-    return _loader.current_module("_rowops")
-
-
 def _forward(x, weight, eps, residual=None):
-    """The kernel module's forward (autograd's forward: grad mode is off there), through the native host
-    path when it serves the call (same kernel, same bits)."""
-    m = _native.module()
-    if m is not None:
-        r = m.rmsnorm(x, weight, eps, residual)
-        if r is not None:
-            if r is not False:
-                return r
-            impl = _impl()
-            return _native.learn_from_call(m, "rmsnorm", _rowops(), (x, weight, eps, residual),
-                                           lambda: impl.forward(x, weight, eps, residual=residual))
-    return _impl().forward(x, weight, eps, residual=residual)
-
-
-def _served(x, weight, eps, residual=None):
-    """The native host path's result for this call, or None (no plan yet, or a call it leaves to Python)."""
-    m = _native.module()
-    if m is None:
-        return None
-    r = m.rmsnorm(x, weight, eps, residual)
-    return None if r is None or r is False else r
+    """The kernel module's forward (also autograd's forward: grad mode is off there), through the native
+    host path when it serves the call (same kernel, same bits)."""
+    return _native.forward("rmsnorm", (x, weight, eps, residual),
+                           lambda: _impl().forward(x, weight, eps, residual=residual))
 
 
 def _needs_grad(*ts):
@@ -121,7 +100,7 @@ def rms_norm(x, weight, eps):
     -------
     Tensor like x (contiguous, x.dtype); differentiable w.r.t. x and weight.
     """
-    r = _served(x, weight, eps)  # eager forward through the native host path (same kernel, same bits)
+    r = _native.served("rmsnorm", x, weight, eps, None)  # eager forward through the native host path (same kernel, same bits)
     if r is not None:
         return r
     eps = _check(x, weight, eps)
@@ -137,7 +116,7 @@ def _rms_norm_fast(x, weight, eps):
     """:func:`rms_norm` for the integrations: its static checks run once per argument signature
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
     call -- bit-identical results."""
-    r = _served(x, weight, eps)
+    r = _native.served("rmsnorm", x, weight, eps, None)
     if r is not None:
         return r
     impl = _impl()
@@ -163,7 +142,7 @@ def rms_norm_residual(x, residual, weight, eps):
     -------
     (y, new_residual), both like x (new tensors; inputs are not modified).
     """
-    r = _served(x, weight, eps, residual)  # the native host path (same kernel, same bits)
+    r = _native.served("rmsnorm", x, weight, eps, residual)  # the native host path (same kernel, same bits)
     if r is not None:
         return r
     eps = _check_residual(x, residual, weight, eps)
@@ -191,7 +170,7 @@ _MEMO_RES = V.Memo()
 def _rms_norm_residual_fast(x, residual, weight, eps):
     """:func:`rms_norm_residual` with its static checks run once per argument signature (as
     :func:`_rms_norm_fast`): the same kernel call, bit-identical results, the same errors."""
-    r = _served(x, weight, eps, residual)
+    r = _native.served("rmsnorm", x, weight, eps, residual)
     if r is not None:
         return r
     impl = _impl()

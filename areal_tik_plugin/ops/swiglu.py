@@ -19,43 +19,14 @@ def _impl():
     return _loader.current_module("swiglu")
 
 
-def _rowops():
-    return _loader.current_module("_rowops")
-
-
-def _served(c_fn, *args):
-    """The native host path's result for this call, or None (no plan yet, or a call it leaves to Python)."""
-    m = _native.module()
-    if m is None:
-        return None
-    r = getattr(m, c_fn)(*args)
-    return None if r is None or r is False else r
-
-
 def _forward(gate, up):
-    """The kernel module's forward (autograd's forward), through the native host path when it serves the
-    call (same kernel, same bits)."""
-    m = _native.module()
-    if m is not None:
-        r = m.swiglu(gate, up)
-        if r is not None:
-            if r is not False:
-                return r
-            impl = _impl()
-            return _native.learn_from_call(m, "swiglu", _rowops(), (gate, up), lambda: impl.forward(gate, up))
-    return _impl().forward(gate, up)
+    """The kernel module's forward (also autograd's forward), through the native host path when it serves
+    the call (same kernel, same bits)."""
+    return _native.forward("swiglu", (gate, up), lambda: _impl().forward(gate, up))
 
 
 def _forward_fused(gate_up):
-    m = _native.module()
-    if m is not None:
-        r = m.swiglu_fused(gate_up)
-        if r is not None:
-            if r is not False:
-                return r
-            impl = _impl()
-            return _native.learn_from_call(m, "swiglu_fused", _rowops(), (gate_up,), lambda: impl.forward_fused(gate_up))
-    return _impl().forward_fused(gate_up)
+    return _native.forward("swiglu_fused", (gate_up,), lambda: _impl().forward_fused(gate_up))
 
 
 def _grad(dy):
@@ -97,7 +68,7 @@ def swiglu(gate, up):
     -------
     Tensor [..., I] (contiguous); differentiable w.r.t. gate and up.
     """
-    r = _served("swiglu", gate, up)  # eager forward through the native host path (same kernel, same bits)
+    r = _native.served("swiglu", gate, up)  # eager forward through the native host path (same kernel, same bits)
     if r is not None:
         return r
     _check(gate, up)
@@ -126,7 +97,7 @@ def _swiglu_fast(gate, up):
     """:func:`swiglu` for the integrations: static checks once per argument signature
     (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
     call -- bit-identical results."""
-    r = _served("swiglu", gate, up)
+    r = _native.served("swiglu", gate, up)
     if r is not None:
         return r
     key = (V.sig(gate), V.sig(up))
@@ -145,7 +116,7 @@ def swiglu_fused(gate_up):
     -------
     Tensor [..., I] (contiguous); differentiable w.r.t. gate_up.
     """
-    r = _served("swiglu_fused", gate_up)  # the native host path (same kernel, same bits)
+    r = _native.served("swiglu_fused", gate_up)  # the native host path (same kernel, same bits)
     if r is not None:
         return r
     _check_fused(gate_up)
@@ -170,7 +141,7 @@ _MEMO_FUSED = V.Memo()
 def _swiglu_fused_fast(gate_up):
     """:func:`swiglu_fused` with its static checks run once per argument signature (as
     :func:`_swiglu_fast`): the same kernel call, bit-identical results, the same errors."""
-    r = _served("swiglu_fused", gate_up)
+    r = _native.served("swiglu_fused", gate_up)
     if r is not None:
         return r
     key = V.sig(gate_up)
