@@ -14,12 +14,13 @@ SUBCOMMAND_MODULES = [
     "areal_tik_plugin.compare",  # compare: tik vs baseline AReaL runs -> report + plots
     "areal_tik_plugin.search.cli",  # search (kernel search: IR, evaluator, drivers)
     "areal_tik_plugin.verify",  # verify: Constraint (1) for a whole model
-    "areal_tik_plugin.integrations.sglang_check",  # sglang-check: which ops SGLang ran through ours
+    "areal_tik_plugin.integrations.sglang.check",  # sglang-check: which ops SGLang ran through ours
 ]
 
 
 def _cmd_evidence(args) -> int:
-    from areal_tik_plugin import evidence, loader
+    from areal_tik_plugin import evidence
+    from areal_tik_plugin.runtime import loader
 
     impl = loader.load_implementation(loader.resolve_path(args.implementation or loader.selected_name("sm_90")))
     s = evidence.summary(impl)
@@ -72,7 +73,7 @@ def _cmd_evidence(args) -> int:
 
 
 def _cmd_kernels(args) -> int:
-    from areal_tik_plugin import loader
+    from areal_tik_plugin.runtime import loader
 
     if args.action == "list":
         for name in loader.list_implementations():

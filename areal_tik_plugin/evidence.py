@@ -1,7 +1,7 @@
-"""GPU evidence: JSON written only by ``python -m areal_tik_plugin.gpu`` on a GPU, committed under
+"""GPU evidence: JSON written only by ``python -m areal_tik_plugin.contract`` on a GPU, committed under
 ``evidence/<implementation>/``, bound to the implementation's source hash and the environment.
 
-``tik evidence --json`` summarizes it per op; ``tests/test_evidence.py`` fails when the selected
+``tik evidence --json`` summarizes it per op; ``tests/tools/test_evidence.py`` fails when the selected
 implementation has no passing evidence for its current hash.
 """
 
@@ -69,7 +69,7 @@ def load_all(impl_name: str | None = None, root: str | None = None) -> list[dict
 
 def summary(impl=None, root: str | None = None) -> dict[str, Any]:
     """Per-op summary for the implementation (default: the selected one)."""
-    from areal_tik_plugin import loader
+    from areal_tik_plugin.runtime import loader
 
     if impl is None:
         impl = loader.load_implementation(loader.resolve_path(loader.selected_name("sm_90")))
@@ -156,13 +156,13 @@ def _load_json(path: str) -> dict | None:
 def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """GPU results beyond the op suites, each as its producing command wrote it:
 
-    * ``layer_bench``: ``python -m areal_tik_plugin.gpu.layer_bench`` JSON under ``evidence/layer_bench/``
+    * ``layer_bench``: ``python -m benchmarks.layer_bench`` JSON under ``evidence/layer_bench/``
       (per-layer prefill + decode + update phase times, plugin vs stock-with-recompute);
-    * ``sglang_gpu``: ``python -m areal_tik_plugin.integrations.sglang_gpu_proof`` JSON under
+    * ``sglang_gpu``: ``python -m benchmarks.sglang_gpu_proof`` JSON under
       ``evidence/sglang/`` (a real SGLang Engine with ``attention_backend="tik"`` vs the training path);
     * ``areal_recompute``: ``recipes/bench_recompute.py`` JSON under ``evidence/areal/`` (AReaL's FSDP
       PPO actor: train-step time with and without the recompute forward);
-    * ``areal_gsm8k``: ``gsm8k-summary.json`` of ``bash scripts/gpu_integrations.sh gsm8k`` under
+    * ``areal_gsm8k``: ``gsm8k-summary.json`` of ``bash benchmarks/gpu_integrations.sh gsm8k`` under
       ``evidence/areal/*/`` (the GSM8K recipe, tik vs baseline: tokens/s, phases, mismatch monitor);
     * ``areal_bits``: ``bench_recompute.py --check-bits`` JSON under ``evidence/areal/*/`` (AReaL's FSDP
       actor vs the plain plugin-patched HF forward, bit for bit).

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from areal_tik_plugin import loader
+from areal_tik_plugin.runtime import loader
 from areal_tik_plugin.search import spec as S
 
 STATUS_FROM_STAGE_CRASH = {"start": "infra_error", "compile": "compile_error"}
@@ -44,8 +44,8 @@ def evaluator_files(spec: dict[str, Any]) -> list[str]:
     files = [
         os.path.join(here, "evaluator.py"), os.path.join(here, "worker.py"), os.path.join(here, "spec.py"),
         os.path.abspath(runners.__file__), runners.runner_file(spec["runner"]),
-        os.path.join(pkg, "bench.py"), os.path.join(pkg, "loader.py"), os.path.join(pkg, "_interp.py"),
-        os.path.join(pkg, "gpu", "suite.py"),
+        os.path.join(pkg, "bench.py"), os.path.join(pkg, "runtime", "loader.py"),
+        os.path.join(pkg, "runtime", "interp.py"), os.path.join(pkg, "contract", "suite.py"),
     ]
     return sorted(set(files))
 

@@ -200,7 +200,7 @@ def run(impl_path: str, spec_path: str, out_path: str) -> dict[str, Any]:
     res["env"] = environment(device)
     try:
         res["hashes"]["evaluator"] = evaluator_hash(spec)
-        from areal_tik_plugin.gpu.suite import Recorder
+        from areal_tik_plugin.contract.suite import Recorder
         from areal_tik_plugin.search.runners import Context, load_runner
 
         runner = load_runner(spec["runner"])
@@ -210,7 +210,7 @@ def run(impl_path: str, spec_path: str, out_path: str) -> dict[str, Any]:
 
     # ---- compile ---------------------------------------------------------------------------------
     stage("compile")
-    from areal_tik_plugin import loader
+    from areal_tik_plugin.runtime import loader
 
     try:
         impl = loader.load_implementation(impl_path)
