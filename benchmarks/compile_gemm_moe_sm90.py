@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         # a split weight's large-M tiles may spill a little (128x128 on one warpgroup holds two fp32
         # accumulators), and so may two decode-sized partial-kernel variants (<= SMALL_SPILL_OK bytes:
         # BLOCK_M 32 x BLOCK_N 128, and the unpipelined odd-K form of 16 x 64 with the fused reduce):
-        # measured faster than the spill-free alternatives (session-15 sweep), so reported, not failed
+        # measured faster than the spill-free alternatives (H200 sweep), so reported, not failed
         small_ok = "linear_partial/" in label and spill <= SMALL_SPILL_OK
         ok = r.returncode == 0 and smem <= SMEM_LIMIT and not (gemm_like and spill and "/split" not in label
                                                                 and not small_ok)

@@ -35,9 +35,8 @@ fi
 grep -E "^(FAIL|ERROR)" "$OUT/attention.log" "$OUT/ops.log" | cut -c1-300 | head -20
 [ "${TIK_FINAL_LAYER_BENCH:-0}" = 1 ] && grep -E "ratio baseline|pdl probe|ERROR" "$OUT/layer_bench.log"
 tail -4 "$OUT/attention.log"; tail -9 "$OUT/ops.log"
-# at most 8 files come back from a device call (session 24: top-level files first, by name), so everything this
-# script wrote also goes into one archive whose name sorts first (session 24 lost an attention JSON to that
-# limit when verify-full ran after it in the same $OUT)
+# at most 8 files come back from a device call (top-level files first, by name), so everything this
+# script wrote also goes into one archive whose name sorts first
 (cd "$OUT" && tar czf 00-final.tgz --exclude=./00-final.tgz --exclude=./bundle.tgz . 2>/dev/null) \
   || echo "could not pack $OUT/00-final.tgz"
 exit $(( a | b | c ))

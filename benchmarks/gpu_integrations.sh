@@ -8,8 +8,7 @@
 # STEPs: sglang | sglang-ab | sglang-profile | liger | recompute | verify-full | layer-bench | gemm-sweep | ops-quick | host | search | gsm8k | areal-bits
 # (ops-quick: contract checks + --quick benchmark grid of TIK_OPS (comma list), a probe, not the evidence call)
 # (search: TIK_DEADLINE_S caps its budget so that TIK_SEARCH_RESERVE_S seconds remain for later steps)
-# (gsm8k: kind nvidia-h200-x2, wheels built with `areal.gpu_wheels .whl-areal --trainer`; run on 1225cae:
-#  evidence/areal/gsm8k-gpu-tik_v1-1225cae52be8;
+# (gsm8k: kind nvidia-h200-x2, wheels built with `devenv.areal_gpu_wheels .whl-areal --trainer`;
 #  about 150-200 s per mode, TIK_GSM8K_LIMIT=240 s each)
 # Everything lands in $OUT/bundle.tgz (plus the step JSONs next to it); a short table per step on stdout.
 set -o pipefail
@@ -164,8 +163,8 @@ for step in "$@"; do
         python3 -m areal_tik_plugin.cli compare $runs -o "$W/gsm8k-compare" >/dev/null 2>&1 || echo "(tik compare failed)"
       fi;;
     areal-bits)
-      # where rollout and training part in the GSM8K GPU run (session 11: the monitor saw 8050/8192 tokens
-      # differ at step 0): A = SGLang Engine (tik) vs the plain plugin-patched HF packed forward on that
+      # where rollout and training part when the GSM8K GPU run's monitor sees differing tokens
+      # at step 0: A = SGLang Engine (tik) vs the plain plugin-patched HF packed forward on that
       # run's model and SGLang settings (no chunked prefill, no radix cache, context 1024, 64 running);
       # B = AReaL's FSDP actor compute_logp vs the same HF forward (no SGLang)
       export TIK_GPU_MODEL=${TIK_GPU_MODEL:-/tmp/tik-random-qwen3-1.7b}

@@ -109,9 +109,9 @@ def copy_same_bytes_us(nbytes: int) -> float:
     """Graph time of a plain elementwise kernel (torch's ``bitwise_not`` on int16, ``out=``) moving the same
     bytes as an op's streamed row (nbytes / 2 read, nbytes / 2 written), streamed the same way
     (``stream_copies(nbytes)`` source / destination pairs, each once per replay): what a one-pass SM kernel
-    of that size reaches, fixed per-launch cost included. Cached per size. (Session 17's first version
-    timed ``dst.copy_(src)``, a memcpy node in the graph: 2.2-4.2 TB/s at like sizes in one process, no
-    ceiling; RMSNorm streamed 1.5x faster than it.)"""
+    of that size reaches, fixed per-launch cost included. Cached per size. Not ``dst.copy_(src)``: that is a
+    memcpy node in the graph, measured at 2.2-4.2 TB/s at like sizes in one process (no ceiling; RMSNorm
+    streamed 1.5x faster than it)."""
     if nbytes not in _COPY_US:
         n, elems = stream_copies(nbytes), max(1, nbytes // 4)  # int16: nbytes / 2 bytes each side
         pairs = [(torch.zeros(elems, dtype=torch.int16, device=DEV), torch.empty(elems, dtype=torch.int16, device=DEV))

@@ -38,7 +38,7 @@ SHAPES = {
     ("qwen3-30b-a3b", "router"): (128, 2048, False),
 }
 BENCH_M = (1, 8, 64, 256, 1024, 4096, 16384)
-# probes (scripts/*_probe.py) also time Qwen3-8B's o_proj: every 8B weight has K >= 4096, so it is split
+# probes also time Qwen3-8B's o_proj: every 8B weight has K >= 4096, so it is split
 PROBE_EXTRA_SHAPES = {("qwen3-8b", "o"): (4096, 4096, False)}
 
 

@@ -16,7 +16,7 @@ from areal_tik_plugin.contract._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH
 from areal_tik_plugin.ops import kv_write
 
 # pool slots (slot 0 is SGLang's padding slot, never written): room for the largest bench T (65536) at
-# distinct random slots; 65536 slots left the T=65536 rows one slot short (session 18 evidence, not measured)
+# distinct random slots; 65536 slots left the T=65536 rows one slot short (evidence, not measured)
 SLOTS = 1 << 18
 COPY_T = (1, 7, 257, 4096, 16384)
 N_KNOB = 1024

@@ -216,10 +216,10 @@ def _apply_fast_launch(rowops: types.ModuleType) -> None:
 
     Why opt-in: it changes host time only (no bit; the suite's ``fast_launch`` checks), and that gain did
     not hold up. ``ops.linear``'s host time, both paths in one process: 53.6 (short) vs 69.7 us (Triton's)
-    in session 16, 78.8 vs 69.4 us in session 17 on another device host. SGLang's CUDA-graph decode
-    (qwen3-4b shape, batch 32) on one host in one call (``gpu_integrations.sh sglang-ab``, session 17): the
+    on one device host, 78.8 vs 69.4 us on another. SGLang's CUDA-graph decode
+    (qwen3-4b shape, batch 32) on one host in one call (``gpu_integrations.sh sglang-ab``): the
     greedy job 0.90 s with the path vs 1.17 s without, the sampled job 1.51 vs 1.08 s, i.e. opposite signs,
-    no effect shown (session 16's 3468 vs 6281 tok/s came from two hosts)."""
+    no effect shown."""
     v = os.environ.get("TIK_FAST_LAUNCH")
     if v == "1":
         return

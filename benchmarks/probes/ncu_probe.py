@@ -4,7 +4,7 @@ inside a profiler window, so that ``ncu --profile-from-start off`` reports only 
 Cases (``--cases``, comma list):
 
 * ``gemm:<shape>:<M>``: ``ops.linear`` with the implementation's own configuration, then cuBLAS
-  ``F.linear`` on the same x / weight (shapes as in ``scripts/gemm_m64_probe.py``);
+  ``F.linear`` on the same x / weight (the contract suite's GEMM shapes);
 * ``decode:<B>:<ctx>``: paged decode attention (page size 1, Hq 32, Hkv 8, D 128: Qwen3-4B / 8B), then
   cuDNN SDPA on the same shape with a dense cache.
 

@@ -321,7 +321,7 @@ def test_persistent_kernel_same_bits(K, N, monkeypatch):
 
 def test_mid_m_rule(monkeypatch):
     """64 < M where the large-M tile leaves SMs idle (fewer than MID_M_MIN_PROGRAMS_PER_SM programs per SM): the
-    decode-sized kernels over several row tiles (session-20 probe, evidence/probes/gemm_mid_m_probe-*)."""
+    decode-sized kernels over several row tiles (an H200 probe over the mid-M shapes)."""
     gemm = get_implementation().module("gemm")
     gemm._config_for.cache_clear()
     try:

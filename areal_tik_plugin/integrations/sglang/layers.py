@@ -53,7 +53,7 @@ _STATE = {"active": False, "tp_size": 1, "stats_dir": None, "trace": False, "las
 # SGLang's fused-op trace, counted as ``op|backend`` while it is consumed (its list is cleared after each read)
 _TRACE: collections.Counter = collections.Counter()
 # seconds between two stats files of one process (TIK_SGLANG_STATS); a key that is new since the last file is
-# written at once. Session 17's py-spy profile of SGLang's decode (qwen3-4b shape, batch 32, CUDA graphs):
+# written at once. A py-spy profile of SGLang's decode (qwen3-4b shape, batch 32, CUDA graphs):
 # writing the file after every sampler call and re-counting the whole fused-op trace (~14K records) took 30%
 # of the scheduler's CPU samples in its event loop, ~2.5 ms per sampler call against a ~5-9 ms decode step.
 STATS_INTERVAL_S = 1.0
