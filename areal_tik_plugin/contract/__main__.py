@@ -36,17 +36,9 @@ def main(argv=None) -> int:
     if unknown:
         print(f"unknown ops {unknown}; expected from {list(OP_MODULES)}", file=sys.stderr)
         return 2
-    record = {
-        "schema": evidence.SCHEMA,
-        "implementation": impl.name,
-        "source_hash": impl.source_hash,
-        "env": evidence.environment(),
-        "argv": sys.argv[1:] if argv is None else list(argv),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "ops": {},
-    }
+    record = evidence.record_header(impl, sys.argv[1:] if argv is None else list(argv))
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"{impl.name}-{impl.source_hash[:12]}-{'-'.join(ops)[:60]}.json")
+    path = evidence.record_path(args.out, impl, ops)
     table = []
     for op in ops:
         mod = importlib.import_module(OP_MODULES[op])
@@ -58,9 +50,7 @@ def main(argv=None) -> int:
             rec.run(f"{op}.bench", mod.run_bench, rec, args.quick or args.quick_bench)
         record["ops"][op] = rec.to_json()
         record["ops"][op]["seconds"] = round(time.time() - t0, 1)
-        with open(path + ".tmp", "w") as f:  # keep partial results if a later op dies
-            json.dump(record, f, indent=1)
-        os.replace(path + ".tmp", path)
+        evidence.write_record(path, record)  # after each op: keep partial results if a later op dies
         npass = sum(c["passed"] for c in rec.checks)
         table.append((op, npass, len(rec.checks) - npass, rec.bench_summary, round(time.time() - t0, 1)))
         for e in rec.errors:
