@@ -273,21 +273,21 @@ MEASURED_BEGIN = "<!-- measured:begin -->"
 MEASURED_END = "<!-- measured:end -->"
 METHODS = (("cold", "cold_us"), ("graph", "graph_us"))
 
-# Row keys the contract suite writes for its baselines, named as the suite calls them ({torch}: the
-# evidence's torch version); (op, key) entries name a key whose meaning differs per op / workload.
-# Context baselines (eager code) never make a headline row.
+# Row keys the contract suite writes for its baselines, named as the suite calls them (versions: the
+# table's "Measured on" line; a name may hold "{torch}"); (workload family, key) entries name a key
+# whose meaning differs per family. Context baselines (eager code) never make a headline row.
 KNOWN_BASELINES: dict[Any, tuple[str, bool]] = {
-    "cudnn": ("cuDNN attention (torch {torch} SDPA, SDPBackend.CUDNN_ATTENTION)", False),
-    "fa2": ("FlashAttention-2 (torch {torch} SDPA, SDPBackend.FLASH_ATTENTION)", False),
-    "sdpa_masked_padded": ("torch {torch} SDPA over a padded cache with a key-padding mask", False),
-    "cublas": ("cuBLAS (torch {torch} F.linear)", False),
-    "torch_index_put": ("torch {torch} index_put_ into the KV pool", False),
-    "hf_grouped_mm": ("transformers Qwen3-MoE block, grouped_mm experts", False),
-    ("rmsnorm", "liger"): ("Liger-Kernel LigerRMSNorm", False),
-    ("rmsnorm_residual", "liger"): ("Liger-Kernel LigerFusedAddRMSNorm", False),
-    ("qk_norm", "liger"): ("Liger-Kernel LigerRMSNorm (per head)", False),
-    ("rope", "liger"): ("Liger-Kernel liger_rotary_pos_emb", False),
-    ("swiglu", "liger"): ("Liger-Kernel LigerSiLUMulFunction", False),
+    "cudnn": ("torch SDPA, cuDNN backend", False),
+    "fa2": ("torch SDPA, FlashAttention-2 backend", False),
+    "sdpa_masked_padded": ("torch SDPA, padded cache + key mask", False),
+    "cublas": ("cuBLAS (torch F.linear)", False),
+    "torch_index_put": ("torch index_put_ into the pool", False),
+    "hf_grouped_mm": ("transformers Qwen3-MoE block, grouped_mm", False),
+    ("rmsnorm", "liger"): ("Liger LigerRMSNorm", False),
+    ("rmsnorm_residual", "liger"): ("Liger LigerFusedAddRMSNorm", False),
+    ("qk_norm", "liger"): ("Liger LigerRMSNorm (per head)", False),
+    ("rope", "liger"): ("Liger liger_rotary_pos_emb", False),
+    ("swiglu", "liger"): ("Liger LigerSiLUMulFunction", False),
     "hf_eager": ("transformers eager module", True),
     "hf_eager_apply": ("transformers eager apply_rotary_pos_emb", True),
     "hf_eager_cos_sin_apply": ("transformers eager rotary embedding + apply", True),
