@@ -204,6 +204,10 @@ def test_readme_measured_table_is_generated(impl):
     assert got == want, "README.md's Measured table is stale: run `tik evidence --markdown --update README.md`"
 
 
+def test_readme_fits_15_kb():
+    assert os.path.getsize(os.path.join(REPO, "README.md")) <= 15 * 1024, "README.md over 15 KB: move detail to docs/"
+
+
 def test_summary_reads_every_result_kind(tmp_path, impl):
     """integration_summary / model_summary parse the JSON each producing command writes."""
     root = tmp_path / "evidence"
