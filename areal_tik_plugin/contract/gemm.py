@@ -72,8 +72,9 @@ def _check_rows_vs_m1(rec, tag, N, K, has_bias, Ms, dtype=torch.bfloat16):
         rec.bitwise(f"rows_vs_m1[{tag}/M={M}]", y[rows], torch.cat([single[i] for i in rows]),
                     config=cfg["name"], rows=len(rows))
         del y
-    # position in the batch: the same rows at other positions (reversed order) of a 257-row call
-    M = 257
+    # position in the batch: the same rows at other positions (reversed order) of a 257-row call (the data
+    # has Mmax rows: a smaller grid, e.g. lm_head's, reverses all of them)
+    M = min(257, Mmax)
     idx = torch.arange(M - 1, -1, -1, device=DEV)
     y_fwd = linear(x[:M], w, b)
     y_rev = linear(x[:M][idx].contiguous(), w, b)
