@@ -22,26 +22,15 @@ import torch.nn.functional as F
 
 from areal_tik_plugin.contract._rowops import stream_copies
 from areal_tik_plugin.contract.suite import bits
+from areal_tik_plugin.models import weight_shapes
 
 DEV = "cuda"
-# (model, layer) -> (N, K): the decode-relevant dense shapes
-SHAPES = {
-    ("qwen2.5-1.5b", "o"): (1536, 1536),
-    ("qwen2.5-1.5b", "down"): (1536, 8960),
-    ("qwen3-4b", "qkv"): (6144, 2560),
-    ("qwen3-4b", "o"): (2560, 4096),
-    ("qwen3-4b", "gate_up"): (19456, 2560),
-    ("qwen3-4b", "down"): (2560, 9728),
-    ("qwen3-8b", "qkv"): (6144, 4096),
-    ("qwen3-8b", "o"): (4096, 4096),
-    ("qwen3-8b", "gate_up"): (24576, 4096),
-    ("qwen3-8b", "down"): (4096, 12288),
-    ("qwen3-30b-a3b", "qkv"): (5120, 2048),
-    ("qwen3-30b-a3b", "o"): (2048, 4096),
-    # --lm-head: the vocab projections (not in the default sweep: one copy is 470 / 780 MB)
-    ("qwen2.5-1.5b", "lm_head"): (151936, 1536),
-    ("qwen3-4b", "lm_head"): (151936, 2560),
-}
+# (model, layer) -> (N, K): the decode-relevant dense shapes (from areal_tik_plugin.models); --lm-head adds the
+# vocab projections (not in the default sweep: one copy is 470 / 780 MB)
+_SWEPT = (("qwen2.5-1.5b", ("o", "down")), ("qwen3-4b", ("qkv", "o", "gate_up", "down")),
+          ("qwen3-8b", ("qkv", "o", "gate_up", "down")), ("qwen3-30b-a3b", ("qkv", "o")),
+          ("qwen2.5-1.5b", ("lm_head",)), ("qwen3-4b", ("lm_head",)))
+SHAPES = {(m, layer): weight_shapes(m)[layer][:2] for m, layers in _SWEPT for layer in layers}
 LM_HEAD = {k for k in SHAPES if k[1] == "lm_head"}
 SMALL_M = (1, 16, 64)
 LARGE_M = (1024, 4096)

@@ -31,15 +31,13 @@ import tempfile
 import time
 
 from areal_tik_plugin.integrations.sglang import check as SC
+from areal_tik_plugin.models import checkpoint_kwargs
 
-QWEN3_4B = dict(vocab_size=151936, hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
-                intermediate_size=9728, init_std=0.02)
-# Qwen3-30B-A3B's layer shape (128 experts, top-8, moe_intermediate 768), first TIK_SGL_MOE_LAYERS layers
-# (default 4): the MoE model path in SGLang (fused RoPE + set_kv_buffer on a CUDA bf16 pool, our MoE layer)
-QWEN3_30B_A3B = dict(vocab_size=151936, hidden_size=2048, num_layers=int(os.environ.get("TIK_SGL_MOE_LAYERS", "4")),
-                     num_heads=32, num_kv_heads=4, head_dim=128, intermediate_size=6144, num_experts=128, top_k=8,
-                     moe_intermediate_size=768, init_std=0.02)
-SHAPES = {"qwen3-4b": ("qwen3", QWEN3_4B), "qwen3-30b-a3b": ("qwen3_moe", QWEN3_30B_A3B), "tiny": ("qwen3", {})}
+# the shapes of areal_tik_plugin.models; Qwen3-30B-A3B's first TIK_SGL_MOE_LAYERS layers (default 4): the MoE
+# model path in SGLang (fused RoPE + set_kv_buffer on a CUDA bf16 pool, our MoE layer)
+SHAPES = {"qwen3-4b": checkpoint_kwargs("qwen3-4b"),
+          "qwen3-30b-a3b": checkpoint_kwargs("qwen3-30b-a3b", layers=int(os.environ.get("TIK_SGL_MOE_LAYERS", "4"))),
+          "tiny": ("qwen3", {})}
 
 
 def _prompts(batch, prefix_len, vocab_hi, seed=0):

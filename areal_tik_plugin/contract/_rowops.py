@@ -9,16 +9,15 @@ import torch
 
 from areal_tik_plugin import bench
 from areal_tik_plugin.contract.suite import timed  # noqa: F401 -- re-exported to the row-op modules
+from areal_tik_plugin.models import dims
 
 DEV = "cuda"
 HBM_TBPS = 4.3  # measured H200 copy bandwidth the targets refer to
 
-# Real model shapes (config.json of each model)
-MODELS = {
-    "qwen2.5-1.5b": dict(hidden=1536, hq=12, hkv=2, d=128, vocab=151936, inter=8960, theta=1e6, eps=1e-6),
-    "qwen3-4b": dict(hidden=2560, hq=32, hkv=8, d=128, vocab=151936, inter=9728, theta=1e6, eps=1e-6),
-    "qwen3-30b-a3b": dict(hidden=2048, hq=32, hkv=4, d=128, vocab=151936, inter=768, theta=1e6, eps=1e-6),
-}
+# the row ops' models: their numbers from the one shape table (areal_tik_plugin.models)
+MODELS = {name: dict(hidden=x.hidden, hq=x.hq, hkv=x.hkv, d=x.d, vocab=x.vocab, inter=x.inter, theta=x.theta,
+                     eps=x.eps)
+          for name, x in ((n, dims(n)) for n in ("qwen2.5-1.5b", "qwen3-4b", "qwen3-30b-a3b"))}
 CHECK_T = (1, 7, 64, 257, 1024, 4096, 16384)
 # 65536: one rollout prefill of 64 prompts x 1K tokens (the memory-bound ops' "large token count"; their
 # T=4096 rows move 8-84 MB, where the launch's fixed cost is 7-45% of the time)

@@ -17,29 +17,18 @@ from areal_tik_plugin import bench
 from areal_tik_plugin.runtime import loader
 from areal_tik_plugin.contract._rowops import check_native, check_native_autograd, graph_vs_eager, knobs, stream_copies
 from areal_tik_plugin.contract.suite import timed as _time
+from areal_tik_plugin.models import weight_shapes
 from areal_tik_plugin.ops import linear
 
 DEV = "cuda"
 
-# (model, layer) -> (N, K, has_bias)
-SHAPES = {
-    ("qwen2.5-1.5b", "qkv"): (2048, 1536, True),
-    ("qwen2.5-1.5b", "o"): (1536, 1536, False),
-    ("qwen2.5-1.5b", "gate_up"): (17920, 1536, False),
-    ("qwen2.5-1.5b", "down"): (1536, 8960, False),
-    ("qwen2.5-1.5b", "lm_head"): (151936, 1536, False),
-    ("qwen3-4b", "qkv"): (6144, 2560, False),
-    ("qwen3-4b", "o"): (2560, 4096, False),
-    ("qwen3-4b", "gate_up"): (19456, 2560, False),
-    ("qwen3-4b", "down"): (2560, 9728, False),
-    ("qwen3-4b", "lm_head"): (151936, 2560, False),
-    ("qwen3-30b-a3b", "qkv"): (5120, 2048, False),
-    ("qwen3-30b-a3b", "o"): (2048, 4096, False),
-    ("qwen3-30b-a3b", "router"): (128, 2048, False),
-}
+# (model, layer) -> (N, K, has_bias), from the one shape table (areal_tik_plugin.models): every dense weight
+# of Qwen2.5-1.5B and Qwen3-4B, and Qwen3-30B-A3B's attention + router
+SHAPES = {(m, layer): shape for m in ("qwen2.5-1.5b", "qwen3-4b", "qwen3-30b-a3b")
+          for layer, shape in weight_shapes(m).items() if not (m == "qwen3-30b-a3b" and layer == "lm_head")}
 BENCH_M = (1, 8, 64, 256, 1024, 4096, 16384)
 # probes also time Qwen3-8B's o_proj: every 8B weight has K >= 4096, so it is split
-PROBE_EXTRA_SHAPES = {("qwen3-8b", "o"): (4096, 4096, False)}
+PROBE_EXTRA_SHAPES = {("qwen3-8b", "o"): weight_shapes("qwen3-8b")["o"]}
 
 
 def named_shapes() -> dict:
@@ -83,8 +72,9 @@ def _check_rows_vs_m1(rec, tag, N, K, has_bias, Ms, dtype=torch.bfloat16):
         rec.bitwise(f"rows_vs_m1[{tag}/M={M}]", y[rows], torch.cat([single[i] for i in rows]),
                     config=cfg["name"], rows=len(rows))
         del y
-    # position in the batch: the same rows at other positions (reversed order) of a 257-row call
-    M = 257
+    # position in the batch: the same rows at other positions (reversed order) of a 257-row call (the data
+    # has Mmax rows: a smaller grid, e.g. lm_head's, reverses all of them)
+    M = min(257, Mmax)
     idx = torch.arange(M - 1, -1, -1, device=DEV)
     y_fwd = linear(x[:M], w, b)
     y_rev = linear(x[:M][idx].contiguous(), w, b)

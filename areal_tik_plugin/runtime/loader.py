@@ -250,21 +250,46 @@ def set_implementation(name_or_path: str | None) -> Implementation | None:
     """Switch the process to another implementation (``None`` resets to the default selection)."""
     global _current
     _current = None if name_or_path is None else load_implementation(resolve_path(name_or_path))
-    from areal_tik_plugin.runtime import native
-
-    native.invalidate()
+    _changed()
     return _current
 
 
-def _guard_modules(package: str) -> None:
-    """Give every loaded module of an implementation the class that drops the native host path's plans
-    when one of its attributes (a knob) is set (:class:`areal_tik_plugin.runtime.native.GuardedModule`)."""
-    from areal_tik_plugin.runtime import native
+# Callbacks run when the implementation in use changes or a knob (an attribute of one of its modules) is
+# set: whatever was derived from the loaded kernels (the native host path's launch plans) must be dropped.
+# A hook, so that the loader imports nothing of what builds on it.
+_CHANGE_LISTENERS: list = []
 
+
+def on_change(fn) -> None:
+    """Call ``fn()`` whenever the implementation is switched or one of its modules' attributes is set."""
+    if fn not in _CHANGE_LISTENERS:
+        _CHANGE_LISTENERS.append(fn)
+
+
+def _changed() -> None:
+    for fn in list(_CHANGE_LISTENERS):
+        fn()
+
+
+class GuardedModule(types.ModuleType):
+    """Module class of a loaded implementation's modules: setting an attribute (a knob) runs the
+    :func:`on_change` callbacks."""
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        _changed()
+
+    def __delattr__(self, name):
+        super().__delattr__(name)
+        _changed()
+
+
+def _guard_modules(package: str) -> None:
+    """Give every loaded module of an implementation the :class:`GuardedModule` class."""
     prefix = package + "."
     for name, m in list(sys.modules.items()):
-        if name.startswith(prefix) and m is not None:
-            native.guard(m)
+        if name.startswith(prefix) and m is not None and type(m) is types.ModuleType:
+            m.__class__ = GuardedModule
 
 
 def list_implementations() -> list[str]:

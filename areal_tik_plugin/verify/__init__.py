@@ -33,52 +33,16 @@ import sys
 import time
 from typing import Any
 
-# ------------------------------------------------------------------------------------------------
-# built-in model configs (transformers config kwargs; weights are random)
-# ------------------------------------------------------------------------------------------------
-_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1e6,
-             tie_word_embeddings=False)
-BUILTIN_MODELS: dict[str, dict[str, Any]] = {
-    "tiny-qwen3": dict(model_type="qwen3", **_TINY),
-    "tiny-qwen3-moe": dict(model_type="qwen3_moe", **_TINY, moe_intermediate_size=32, num_experts=8,
-                           num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
-    "tiny-qwen2": dict(model_type="qwen2", **{k: v for k, v in _TINY.items() if k != "head_dim"}),
-    "tiny-llama": dict(model_type="llama", **_TINY),
-    "qwen2.5-1.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True,
-                         use_sliding_window=False),
-    "qwen3-4b": dict(model_type="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728,
-                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                     max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True),
-    "qwen3-8b": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                     max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False),
-    "qwen3-30b-a3b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-                          moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
-                          decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=48, num_attention_heads=32,
-                          num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                          rope_theta=1e6, tie_word_embeddings=False),
-}
+from areal_tik_plugin.models import MODELS, hf_config
+
+BUILTIN_MODELS = MODELS  # the built-in configs (random weights) are the one table of areal_tik_plugin.models
 
 
 def _hf_config(name_or_path: str, layers: int | None):
     from transformers import AutoConfig
 
     if name_or_path in BUILTIN_MODELS:
-        kw = dict(BUILTIN_MODELS[name_or_path])
-        mt = kw.pop("model_type")
-        if layers is not None:
-            kw["num_hidden_layers"] = layers
-        theta = kw.pop("rope_theta", None)
-        if theta is not None:  # transformers 5.x: rope_parameters; older: rope_theta
-            kw["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
-        try:
-            return AutoConfig.for_model(mt, **kw), False
-        except TypeError:
-            kw.pop("rope_parameters", None)
-            return AutoConfig.for_model(mt, rope_theta=theta, **kw), False
+        return hf_config(name_or_path, layers), False
     if not os.path.isdir(name_or_path):
         raise ValueError(f"--model: expected one of {sorted(BUILTIN_MODELS)} or a local Hugging Face checkpoint "
                          f"folder, got {name_or_path!r}")

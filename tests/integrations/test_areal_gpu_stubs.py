@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from areal_tik_plugin.runtime.devenv import devenv_dir
+from areal_tik_plugin.runtime.source_checkout import devenv_dir
 
 STUBS = devenv_dir("areal_gpu_stubs", required=True)
 

@@ -131,11 +131,13 @@ def test_assign_gpus():
 
 
 def test_tiny_builder_shapes(tmp_path):
-    from areal_tik_plugin import models as tiny
+    from areal_tik_plugin import models
 
-    assert tiny.SHAPES["qwen3-1.7b"]["num_layers"] == 28
+    assert models.checkpoint_kwargs("qwen3-1.7b") == ("qwen3", dict(
+        vocab_size=151936, hidden_size=2048, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
+        intermediate_size=6144, init_std=0.02))
     with pytest.raises(SystemExit):
-        tiny.main([str(tmp_path / "m"), "qwen3", "--shape", "qwen3-70b"])  # unknown shape: argparse error
+        models.main([str(tmp_path / "m"), "qwen3", "--shape", "qwen3-70b"])  # unknown shape: argparse error
 
 
 def test_matrix_dry_run(capsys):

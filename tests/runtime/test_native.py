@@ -60,7 +60,7 @@ def _triton_types(fn, args, kw):
 
 def _record(mod_name, call):
     rowops = loader.current_module("_rowops")
-    out, rec = native.recorded(rowops, call)
+    out, rec = native.recorded(rowops._RECORDS, call)
     assert len(rec) == 1, rec
     return out, rec[0]
 
@@ -208,12 +208,13 @@ def test_learn_checks_specialization_flags(m):
     w = torch.randn(32, dtype=torch.bfloat16)
     out, (fn, grid, args, kw, _) = _record("rmsnorm", lambda: impl.forward(x, w, 1e-6))
     k = _fake_kernel(fn, args, kw)
-    saved = native.KERNELS["rmsnorm"]
-    native.KERNELS["rmsnorm"] = (saved[0], saved[1] - {"M"}, saved[2])
+    entry = native.host_path_table()["kernels"]["rmsnorm"]
+    saved = list(entry["do_not_specialize"])
+    entry["do_not_specialize"] = [n for n in saved if n != "M"]
     try:
         ok, why = native.learn(m, "rmsnorm", (x, w, 1e-6, None), (out,), [(fn, grid, args, kw, k)])
     finally:
-        native.KERNELS["rmsnorm"] = saved
+        entry["do_not_specialize"] = saved
     assert not ok and "specialization" in why
     m.invalidate()
     ok, why = native.learn(m, "rmsnorm", (x, w, 1e-6, None), (out,), [(fn, grid, args, kw, k)])
@@ -223,8 +224,8 @@ def test_learn_checks_specialization_flags(m):
 
 def test_knob_change_drops_plans(m, monkeypatch):
     impl = loader.current_module("swiglu")
-    assert isinstance(impl, native.GuardedModule)
-    assert isinstance(loader.current_module("_rowops"), native.GuardedModule)
+    assert isinstance(impl, loader.GuardedModule)
+    assert isinstance(loader.current_module("_rowops"), loader.GuardedModule)
     gu = torch.randn(2, 2 * 16, dtype=torch.bfloat16)
     out, (fn, grid, args, kw, _) = _record("swiglu", lambda: impl.forward_fused(gu))
     monkeypatch.setattr(native, "_MOD", m)
@@ -286,7 +287,7 @@ def test_linear_recipe_maps_every_parameter(m, M, N, K, bias):
     if isinstance(cnt, torch.Tensor):  # on the GPU the tickets come from _rowops.tickets (per device and stream)
         rowops._TICKETS[key] = cnt
     try:
-        recipe, why = native.linear_recipe(rowops, x, w, b, y, [(fn, grid, args, kw, k)])
+        recipe, why = native.linear_recipe(rowops._TICKETS, x, w, b, y, [(fn, grid, args, kw, k)])
     finally:
         rowops._TICKETS.pop(key, None)
     assert recipe is not None, why
@@ -323,9 +324,9 @@ def test_linear_recipe_refuses_unknown_buffers_and_kernels(m):
     x, w = torch.randn(2, 4100, dtype=torch.bfloat16), torch.randn(8, 4100, dtype=torch.bfloat16)
     y, (fn, grid, args, kw, _) = _linear_record(x, w)
     k = _fake_kernel(fn, args, kw)
-    recipe, why = native.linear_recipe(rowops, x, w, None, y, [(fn, grid, args, kw, k)])
+    recipe, why = native.linear_recipe(rowops._TICKETS, x, w, None, y, [(fn, grid, args, kw, k)])
     assert recipe is None and "CNT" in why
-    recipe, why = native.linear_recipe(rowops, x, w, None, y, [])
+    recipe, why = native.linear_recipe(rowops._TICKETS, x, w, None, y, [])
     assert recipe is None and "0 launches" in why
     m.invalidate()
     assert m.learn_linear(x, w, None, None, why) is False

@@ -9,7 +9,7 @@ import os
 def areal_stub_path() -> str | None:
     """The swanlab/trackio stub folder (``devenv/areal_cpu_stubs``, source checkout only), when either
     real package is absent (else None)."""
-    from areal_tik_plugin.runtime.devenv import devenv_dir
+    from areal_tik_plugin.runtime.source_checkout import devenv_dir
 
     if importlib.util.find_spec("swanlab") is None or importlib.util.find_spec("trackio") is None:
         return devenv_dir("areal_cpu_stubs")
@@ -19,7 +19,7 @@ def areal_stub_path() -> str | None:
 def cpu_stub_paths() -> list[str]:
     """Folders to put on PYTHONPATH so AReaL 1.0.4 and SGLang import on a CPU machine: only
     where the real packages (swanlab, trackio; torchvision, vllm) are absent."""
-    from areal_tik_plugin.runtime.devenv import devenv_dir
+    from areal_tik_plugin.runtime.source_checkout import devenv_dir
 
     paths = [p for p in [areal_stub_path()] if p]
     sg = devenv_dir("cpu_stubs")

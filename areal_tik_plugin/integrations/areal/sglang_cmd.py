@@ -78,7 +78,7 @@ def real_sgl_kernel() -> bool:
         return False
     if spec is None or not spec.origin:
         return False
-    from areal_tik_plugin.runtime.devenv import devenv_dir
+    from areal_tik_plugin.runtime.source_checkout import devenv_dir
 
     stubs = devenv_dir("gpu_stubs")
     return stubs is None or not os.path.abspath(spec.origin).startswith(stubs + os.sep)

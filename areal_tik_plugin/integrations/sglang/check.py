@@ -37,14 +37,14 @@ PLUGIN_FUSED_OPS = ("RMSNorm", "RotaryEmbedding", "SiluAndMul", "TopK", "Unquant
 
 def cpu_stub_path() -> str | None:
     """torchvision / vllm import stand-ins for SGLang on a CPU machine (``devenv/cpu_stubs``; source checkout only)."""
-    from areal_tik_plugin.runtime.devenv import devenv_dir
+    from areal_tik_plugin.runtime.source_checkout import devenv_dir
 
     return devenv_dir("cpu_stubs")
 
 
 def gpu_stub_path() -> str:
     """``sgl_kernel`` import stand-in (``devenv/gpu_stubs/sgl_kernel``) for a GPU box without sgl-kernel."""
-    from areal_tik_plugin.runtime.devenv import devenv_dir
+    from areal_tik_plugin.runtime.source_checkout import devenv_dir
 
     return devenv_dir("gpu_stubs", required=True)
 

@@ -60,11 +60,33 @@ _REFUSED: dict = {}
 
 # The kernels these plans launch, and the integer arguments each does not specialize
 # (``do_not_specialize``); every pointer is specialized on alignment. learn() checks both.
-KERNELS = {
-    "rmsnorm": ("_rmsnorm_fwd_kernel", {"M", "NH", "sxt", "sxh", "srt", "srh", "HEADS", "HEADS1"}, "ROWS"),
-    "swiglu": ("_swiglu_fwd_kernel", set(), "BLOCK"),
-    "swiglu_fused": ("_swiglu_fwd_kernel", set(), "BLOCK"),
-}
+
+
+def host_path_table(impl=None) -> dict:
+    """What the implementation declares for this path (its manifest's ``native_host_path``): the module
+    whose ``launch`` records launches (``records``: ``module:attr`` of the list pushed while recording),
+    the split reduce's ticket buffers (``tickets``), and per entry the kernel it launches, the parameters
+    it marks ``do_not_specialize`` and the launcher argument that names the compiled variant. An
+    implementation without that section gets no native plans (every call stays on the Python path)."""
+    from areal_tik_plugin.runtime import loader
+
+    impl = impl or loader.get_implementation()
+    return impl.manifest.get("native_host_path") or {}
+
+
+def _kernel_entry(op: str):
+    k = host_path_table().get("kernels", {}).get(op)
+    if k is None:
+        return None
+    return k["kernel"], set(k.get("do_not_specialize", ())), k["config_arg"]
+
+
+def _attr(spec: str):
+    """``module:attr`` of the current implementation (e.g. ``_rowops:_RECORDS``)."""
+    from areal_tik_plugin.runtime import loader
+
+    mod, _, attr = spec.partition(":")
+    return getattr(loader.current_module(mod), attr)
 
 
 class NativeBuildError(RuntimeError):
@@ -197,31 +219,15 @@ def _reset_for_tests() -> None:
     _MOD = _UNSET
 
 
-class GuardedModule(types.ModuleType):
-    """Module class of a loaded implementation's modules: setting an attribute (a knob) drops the plans."""
-
-    def __setattr__(self, name, value):
-        super().__setattr__(name, value)
-        invalidate()
-
-    def __delattr__(self, name):
-        super().__delattr__(name)
-        invalidate()
-
-
-def guard(mod: types.ModuleType) -> None:
-    if type(mod) is types.ModuleType:
-        mod.__class__ = GuardedModule
-
-
-def recorded(rowops, run):
-    """``run()`` with every kernel launch recorded: returns (result, [(fn, grid, args, kw, kernel)])."""
+def recorded(records: list, run):
+    """``run()`` with every kernel launch recorded into a list pushed on ``records`` (the implementation's
+    recording stack, ``host_path_table()["records"]``): returns (result, [(fn, grid, args, kw, kernel)])."""
     rec: list = []
-    rowops._RECORDS.append(rec)
+    records.append(rec)
     try:
         out = run()
     finally:
-        rowops._RECORDS.pop()
+        records.pop()
     return out, rec
 
 
@@ -261,9 +267,12 @@ def _param_list(fn, args, kw, kernel):
 def learn(m, op: str, inputs: tuple, outputs: tuple, rec: list) -> tuple[bool, str]:
     """Register a plan for this kind of call from its recorded launch, or register the kind as refused
     (see the module doc). Returns (registered, reason)."""
-    kname, dns, cfg_name = KERNELS[op]
+    entry = _kernel_entry(op)
+    kname, dns, cfg_name = entry or (None, set(), None)
     why, cfg, grid, params, info = "", 0, (), [], (0, 1, 1, 0, 0, 0, 0, 0, False, None)
-    if len(rec) != 1:
+    if entry is None:
+        why = f"the implementation declares no native kernel for {op!r}"
+    elif len(rec) != 1:
         why = f"{len(rec)} launches recorded (expected 1)"
     else:
         fn, grid, args, kw, kernel = rec[0]
@@ -287,11 +296,10 @@ def learn(m, op: str, inputs: tuple, outputs: tuple, rec: list) -> tuple[bool, s
     return m.learn(op, inputs, outputs, cfg, grid, params, info, why or None)
 
 
-LINEAR_KERNELS = ("_linear_partial_kernel", "_linear_ptr_kernel")
 R_X, R_W, R_B, R_Y, R_TMP, R_FIXED, R_I32, R_I64, R_F32 = range(9)
 
 
-def linear_recipe(rowops, x, weight, bias, y, rec):
+def linear_recipe(tickets: dict, x, weight, bias, y, rec):
     """The recipe of a recorded GEMM launch (see ``_tik_native.c``, linear): (recipe, "") or (None, why)."""
     import inspect
 
@@ -300,14 +308,14 @@ def linear_recipe(rowops, x, weight, bias, y, rec):
     if len(rec) != 1:
         return None, f"{len(rec)} launches recorded (expected 1)"
     fn, grid, args, kw, kernel = rec[0]
-    if getattr(fn, "__name__", None) not in LINEAR_KERNELS or kernel is None:
+    if getattr(fn, "__name__", None) not in host_path_table().get("linear_kernels", ()) or kernel is None:
         return None, f"kernel {getattr(fn, '__name__', fn)!r} is not served natively (TMA descriptors / large M)"
     md = kernel.metadata
     if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)
             or getattr(md, "launch_cooperative_grid", False)):
         return None, "kernel needs clusters, scratch memory or a cooperative launch"
     codes = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
-    fixed = {t.data_ptr(): key for key, t in getattr(rowops, "_TICKETS", {}).items()}
+    fixed = {t.data_ptr(): key for key, t in tickets.items()}
     sig = inspect.signature(fn.fn)
     bound = sig.bind(*args, **{k: v for k, v in kw.items() if k in sig.parameters})
     bound.apply_defaults()
@@ -346,12 +354,10 @@ def linear_recipe(rowops, x, weight, bias, y, rec):
 def _learn_call(m, entry: str, args: tuple, run):
     """Run the Python path (``run()``) with its launch recorded and register a plan for this kind of call
     (a recipe for ``linear``), or register the kind as refused; returns run()'s result unchanged."""
-    from areal_tik_plugin.runtime import loader
-
-    rowops = loader.current_module("_rowops")
-    out, rec = recorded(rowops, run)
+    table = host_path_table()
+    out, rec = recorded(_attr(table["records"]), run)
     if entry == "linear":
-        recipe, why = linear_recipe(rowops, *args, out, rec)
+        recipe, why = linear_recipe(_attr(table["tickets"]) if "tickets" in table else {}, *args, out, rec)
         m.learn_linear(*args, recipe, why or None)
         ok = recipe is not None
     else:
@@ -383,3 +389,12 @@ def forward(entry: str, args: tuple, run):
         if r is not None:
             return r
     return run()
+
+
+def _register() -> None:
+    from areal_tik_plugin.runtime import loader
+
+    loader.on_change(invalidate)
+
+
+_register()
