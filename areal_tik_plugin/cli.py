@@ -38,6 +38,8 @@ def _cmd_evidence(args) -> int:
         m = evidence.measured(impl, args.evidence_dir, args.source_hash)
         if m["awaiting"]:
             print(f"awaiting the GPU run: {', '.join(m['awaiting'])}", file=sys.stderr)
+        for op, keys in m["unnamed"].items():
+            print(f"{op}: timings without a baseline name, not in the table: {', '.join(keys)}", file=sys.stderr)
         return 0 if not args.strict or not (m["awaiting"] or m["failing"]) else 1
     s = evidence.summary(impl, args.evidence_dir)
     if args.json:

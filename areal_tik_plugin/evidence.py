@@ -319,6 +319,14 @@ def _ours(row: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def unnamed_timings(row: dict[str, Any]) -> list[str]:
+    """Timing dicts of a row that are neither ours nor a named baseline (variants of ours, or a baseline
+    whose writer forgot its name: ``tik evidence --markdown`` lists them)."""
+    named = {b["key"] for b in row_baselines(row)}
+    ours = set(_OURS_KEYS) | {row.get("ours_key")}
+    return [k for k, v in row.items() if _timing(v) and k not in ours and k not in named]
+
+
 def row_baselines(row: dict[str, Any], env: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The baselines one bench row measured: ``{"key", "name", "context", "cold_us", "graph_us"}`` each.
     A timing dict counts only when it is named (by the row or :data:`KNOWN_BASELINES`); unnamed
@@ -395,6 +403,7 @@ def measured(impl=None, root: str | None = None, source_hash: str | None = None)
     latest = _latest_per_op(recs)
     rows: list[dict[str, Any]] = []
     awaiting, failing, no_headline = [], [], []
+    unnamed: dict[str, set[str]] = {}
     envs: dict[str, dict[str, Any]] = {}
     for op in ops_declared:
         if op not in latest:
@@ -412,6 +421,8 @@ def measured(impl=None, root: str | None = None, source_hash: str | None = None)
             ours = _ours(b)
             if ours is None:
                 continue
+            for k in unnamed_timings(b):
+                unnamed.setdefault(op, set()).add(k)
             bases = [x for x in row_baselines(b, env) if not x["context"]]
             for method, key in METHODS:
                 o = ours.get(key)
@@ -432,7 +443,8 @@ def measured(impl=None, root: str | None = None, source_hash: str | None = None)
                          "ratio_geomean": geo, "ratio_min": min(ratios), "ratio_max": max(ratios),
                          "method": method, "file": fname})
     return {"implementation": impl.name, "source_hash": h, "ops": ops_declared, "rows": rows, "awaiting": awaiting,
-            "failing": failing, "no_headline": no_headline, "envs": envs}
+            "failing": failing, "no_headline": no_headline, "envs": envs,
+            "unnamed": {op: sorted(v) for op, v in unnamed.items()}}
 
 
 def _env_line(env: dict[str, Any]) -> str:

@@ -152,6 +152,7 @@ def test_markdown_table_from_evidence(tmp_path, impl):
     dc = [r for r in m["rows"] if r["group"] == "decode" and r["method"] == "cold"]
     assert [(r["n"], r["ours_us"]) for r in dc] == [(2, [4.0, 5.0])]  # ours = paged, never page16 / dense
     assert m["no_headline"] == ["logprob"] and m["failing"] == ["rmsnorm"]
+    assert m["unnamed"] == {"attention": ["dense", "page16"]}  # variants of ours, listed, never baselines
     assert set(m["awaiting"]) == set(m["ops"]) - {"attention", "logprob", "rmsnorm"}
     md = evidence.render_markdown(impl, str(tmp_path))
     assert md.startswith(evidence.MEASURED_BEGIN) and md.rstrip().endswith(evidence.MEASURED_END)
