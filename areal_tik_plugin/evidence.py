@@ -111,29 +111,27 @@ def summary(impl=None, root: str | None = None) -> dict[str, Any]:
     recs = [r for r in load_all(impl.name, root) if r.get("source_hash") == impl.source_hash]
     ops_declared = sorted({e.split(".")[0] for e in impl.manifest["entry_points"]})
     per_op: dict[str, Any] = {}
+    # per op, the newest run that checked it decides (a re-run after a fix supersedes the failed one; a
+    # benchmark-only run checks nothing and decides nothing); benchmarks likewise from the newest run that has them
+    order = sorted(recs, key=lambda r: (r.get("started") or "", r["_path"]))
     for op in ops_declared:
-        passed = failed = 0
-        bench: dict[str, Any] = {}
-        files = []
-        for r in recs:
-            op_rec = r.get("ops", {}).get(op)
-            if not op_rec:
-                continue
-            files.append(os.path.relpath(r["_path"], os.path.dirname(root or repo_evidence_dir())))
-            for c in op_rec.get("checks", []):
-                if c.get("passed"):
-                    passed += 1
-                else:
-                    failed += 1
-            for bname, b in op_rec.get("bench_summary", {}).items():
-                bench[bname] = b
+        checked = [r for r in order if r.get("ops", {}).get(op, {}).get("checks")]
+        benched = [r for r in order if r.get("ops", {}).get(op, {}).get("bench_summary")]
+        files = [os.path.relpath(r["_path"], os.path.dirname(root or repo_evidence_dir()))
+                 for r in order if op in r.get("ops", {})]
+        checks = checked[-1]["ops"][op]["checks"] if checked else []
+        passed = sum(1 for c in checks if c.get("passed"))
+        failed = len(checks) - passed
+        bench = dict(benched[-1]["ops"][op]["bench_summary"]) if benched else {}
         per_op[op] = {
             "implementation": impl.name,
             "source_hash": impl.source_hash,
             "evidence_matches_hash": bool(files),
             "checks_passed": passed,
             "checks_failed": failed,
-            "ok": bool(files) and passed > 0 and failed == 0,
+            "ok": bool(checked) and passed > 0 and failed == 0,
+            "checks_file": (os.path.relpath(checked[-1]["_path"], os.path.dirname(root or repo_evidence_dir()))
+                            if checked else None),
             "benchmarks": bench,
             "files": files,
         }

@@ -246,3 +246,26 @@ def test_summary_reads_every_result_kind(tmp_path, impl):
     assert integ["areal_gsm8k"][0]["baseline"]["tokens_per_s"] == 80.0
     assert integ["areal_bits"][0]["mismatched_tokens"] == 0
     assert not s["all_ok"] and all(not v["evidence_matches_hash"] for v in s["ops"].values())
+
+
+def test_newest_checking_run_decides_and_bench_only_runs_do_not(tmp_path, impl):
+    """A failed run superseded by a newer passing one: the op is ok; a newer benchmark-only run (no
+    checks) neither clears nor hides a failure; an op never checked is not ok."""
+    def failing(r):
+        r.check("rows", False, kind="bitwise")
+
+    def passing(r):
+        r.check("rows", True, kind="bitwise")
+
+    def bench_only(r):
+        r.bench("prefill_b1_L17", kind="prefill", B=1, L=17, ours={"cold_us": 1.0, "graph_us": 1.0})
+
+    _write(tmp_path, impl, {"gemm": failing, "rope": passing}, started="2026-01-01T00:00:00Z", tag="a")
+    _write(tmp_path, impl, {"gemm": passing, "moe": failing}, started="2026-01-02T00:00:00Z", tag="b")
+    _write(tmp_path, impl, {"moe": bench_only, "kv_write": bench_only}, started="2026-01-03T00:00:00Z", tag="c")
+    ops = evidence.summary(impl, root=str(tmp_path))["ops"]
+    assert ops["gemm"]["ok"] and ops["gemm"]["checks_failed"] == 0 and ops["gemm"]["checks_file"].endswith(
+        "-gemm-moe-b.json")
+    assert ops["rope"]["ok"]
+    assert not ops["moe"]["ok"] and ops["moe"]["checks_failed"] == 1
+    assert not ops["kv_write"]["ok"] and ops["kv_write"]["evidence_matches_hash"]
