@@ -274,7 +274,8 @@ def cmd_status(args) -> int:
 def cmd_show(args) -> int:
     from areal_tik_plugin.search import ir
 
-    kinds = {"O": "opportunity", "I": "implementation", "A": "action", "E": "audit", "L": "decision"}
+    kinds = {"O": "opportunity", "I": "implementation", "A": "action", "E": "audit", "L": "decision",
+             "R": "revocation"}
     kind = kinds.get(args.id[:1])
     if kind is None:
         print(f"unknown id {args.id!r}; ids start with O, I, A, E or L", file=sys.stderr)
