@@ -69,12 +69,17 @@ class Evaluator:
     ----------
     timeout_s : hard wall-clock limit per candidate (default: the spec's ``evaluation.timeout_s``)
     python : interpreter for the worker (default: this one)
+    static_check : refuse candidate sources that fail :func:`sandbox.static_check` before running them;
+        off only in tests that plant an attack the static check would stop, to show the next layer
+        (process isolation, integrity snapshot) holds on its own
     """
 
-    def __init__(self, timeout_s: float | None = None, python: str | None = None, poll_s: float = 0.25):
+    def __init__(self, timeout_s: float | None = None, python: str | None = None, poll_s: float = 0.25,
+                 static_check: bool = True):
         self.timeout_s = timeout_s
         self.python = python or sys.executable
         self.poll_s = poll_s
+        self.static_check = static_check
 
     def evaluate(self, run, iid: str, progress: Callable[[dict], None] | None = None, *, seed: int = 0,
                  ab: bool = True) -> dict[str, Any]:
@@ -134,7 +139,8 @@ class Evaluator:
         if hashes["spec_before"] != hashes["spec_bound"]:
             raise BindingError("the spec criteria changed since the run was created; start a new run")
 
-        violations = X.static_check(impl_dir, run.impl_dir("I0000") if iid != "I0000" else impl_dir)
+        violations = X.static_check(impl_dir, run.impl_dir("I0000") if iid != "I0000" else impl_dir) \
+            if self.static_check else []
         if violations:
             r = result("contract_violation", "static", "static check of the candidate's sources: "
                                                         + "; ".join(violations[:10]))
@@ -164,8 +170,11 @@ class Evaluator:
         isolation.update({"process": "new session (setsid), own process group, killed at the end of the audit",
                           "cwd": "private temporary folder (also HOME, TMPDIR, caches)",
                           "env_keys": sorted(env), "limits": lim, "network_requested": net,
-                          "static_check": "passed", "incumbent": incumbent})
+                          "static_check": "passed" if self.static_check else "off (test of the next layer)",
+                          "incumbent": incumbent})
         snap = X.Snapshot(run.root, evaluator_files(spec) + _spec_sources(run))
+        isolation["subreaper"] = X.become_subreaper()
+        known_children = X.children_of_me()
         with open(log_path, "w") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, env=env, cwd=home, preexec_fn=X.preexec(lim))
@@ -187,7 +196,7 @@ class Evaluator:
                     timed_out = True
                     break
         finally:
-            stray = X.kill_audit(proc.pid, token)  # the whole group, detached children included
+            stray = X.kill_audit(proc.pid, token, known_children | {proc.pid})  # the whole group, detached children included
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover

@@ -322,10 +322,58 @@ def _has_token(pid: int, token: str) -> bool:
         return False
 
 
-def audit_processes(leader: int, token: str) -> list[int]:
-    """Live processes of one audit: its session / process group, or carrying its token."""
+PR_SET_CHILD_SUBREAPER = 36
+_subreaper: bool | None = None
+
+
+def become_subreaper() -> bool:
+    """Make this (evaluator) process the reaper of orphaned descendants, so a candidate's child that
+    left the session, the process group and the environment still shows up here as our child."""
+    global _subreaper
+    if _subreaper is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            _subreaper = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            _subreaper = False
+    return bool(_subreaper)
+
+
+def children_of_me() -> set[int]:
+    me = os.getpid()
+    out = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            info = _proc_info(int(name))
+            if info is not None and info[0] == me:
+                out.add(int(name))
+    return out
+
+
+def audit_processes(leader: int, token: str, known_children: set[int] | None = None) -> list[int]:
+    """Live processes of one audit: its session / process group, carrying its token, or (with the
+    subreaper on) orphans re-parented to this process since the audit started, and their trees."""
     me = os.getpid()
     out = []
+    infos = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            info = _proc_info(int(name))
+            if info is not None:
+                infos[int(name)] = info
+    tree = {leader}
+    if known_children is not None:
+        tree |= {p for p, i in infos.items() if i[0] == me and p not in known_children}
+    if True:
+        grew = True
+        while grew:
+            grew = False
+            for p, i in infos.items():
+                if p not in tree and i[0] in tree:
+                    tree.add(p)
+                    grew = True
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -336,22 +384,29 @@ def audit_processes(leader: int, token: str) -> list[int]:
         if info is None:
             continue
         _, pgid, sid = info
-        if pgid == leader or sid == leader or _has_token(pid, token):
+        if pgid == leader or sid == leader or pid in tree or _has_token(pid, token):
             out.append(pid)
     return out
 
 
-def kill_audit(leader: int, token: str, rounds: int = 5) -> list[int]:
+def kill_audit(leader: int, token: str, known_children: set[int] | None = None, rounds: int = 8) -> list[int]:
     """SIGKILL the worker's group and every process of the audit found in /proc; returns the pids
-    killed outside the group (a candidate's detached children)."""
+    killed outside the group (a candidate's detached children). Orphans re-parented to us are reaped."""
     stray: list[int] = []
     for _ in range(rounds):
         try:
             os.killpg(leader, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        left = [p for p in audit_processes(leader, token) if not _zombie(p)]
-        if not left:
+        found = audit_processes(leader, token, known_children)
+        for p in found:
+            if p != leader and _proc_info(p) is not None and _proc_info(p)[0] == os.getpid() and _zombie(p):
+                try:
+                    os.waitpid(p, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        left = [p for p in found if not _zombie(p)]
+        if not left and _zombie(leader):
             break
         for p in left:
             info = _proc_info(p)
@@ -362,6 +417,11 @@ def kill_audit(leader: int, token: str, rounds: int = 5) -> list[int]:
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.05)
+    for p in set(stray):
+        try:
+            os.waitpid(p, os.WNOHANG)
+        except (ChildProcessError, OSError):
+            pass
     return sorted(set(stray))
 
 
