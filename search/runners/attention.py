@@ -285,17 +285,26 @@ def accuracy_case(ctx, case: dict) -> None:
 # ------------------------------------------------------------------------------------------------
 # workloads
 # ------------------------------------------------------------------------------------------------
-def workload(ctx, w: dict):
+def _build(ctx, w: dict, seed: int | None = None):
+    """Inputs of workload ``w`` (seeded by its name, plus ``seed`` for a fresh draw) -> (call, reference)
+    where ``reference(out)`` yields (rows of out, fp32 reference rows) for a sample of requests."""
     Hq, Hkv, D, _ = _m(ctx)
     sh = w["shape"]
-    torch.manual_seed(zlib.crc32(w["name"].encode()))
+    torch.manual_seed(zlib.crc32(w["name"].encode()) + (0 if seed is None else 7919 * (seed + 1)))
+    scale = _scale(ctx)
     if w["entry"] in ("attention.prefill",):
         B, L = int(sh["batch"]), int(sh["seqlen"])
         q, k, v = _rand(ctx, B * L, Hq, D), _rand(ctx, B * L, Hkv, D), _rand(ctx, B * L, Hkv, D)
         cu = _cu(ctx, [L] * B)
         f = ctx.entry("attention.prefill")
-        scale = _scale(ctx)
-        return lambda: f(q, k, v, cu, L, scale)
+
+        def ref(out):
+            rs = sorted({0, B - 1})
+            return (torch.cat([out[r * L:(r + 1) * L] for r in rs]),
+                    torch.cat([_reference(q[r * L:(r + 1) * L], k[r * L:(r + 1) * L], v[r * L:(r + 1) * L], [L], scale)
+                               for r in rs]))
+
+        return (lambda: f(q, k, v, cu, L, scale)), ref
     if w["entry"] == "attention.decode":
         B = int(sh["batch"])
         if "ctx" in sh:
@@ -317,8 +326,19 @@ def workload(ctx, w: dict):
         q = _rand(ctx, B, Hq, D)
         out = torch.empty_like(q)
         f = ctx.entry("attention.decode")
-        scale = _scale(ctx)
-        return lambda: f(q, k_pool, v_pool, sl, table, rows, scale, 1, width, out=out)
+
+        def ref(o):
+            rs = sorted({0, B // 2, B - 1})
+            refs = []
+            for r in rs:
+                n = lens[r]
+                idx = table[r, :n].long()
+                qq = torch.zeros(n, Hq, D, device=q.device, dtype=q.dtype)
+                qq[-1] = q[r]
+                refs.append(_reference(qq, k_pool[idx], v_pool[idx], [n], scale)[-1:])
+            return torch.cat([o[r:r + 1] for r in rs]), torch.cat(refs)
+
+        return (lambda: f(q, k_pool, v_pool, sl, table, rows, scale, 1, width, out=out)), ref
     if w["entry"] == "attention.extend":
         B, P, C = int(sh["batch"]), int(sh["prefix"]), int(sh["chunk"])
         L = P + C
@@ -330,6 +350,34 @@ def workload(ctx, w: dict):
         cu = _cu(ctx, [C] * B)
         pre = torch.full((B,), P, dtype=torch.int32, device=_dev(ctx))
         f = ctx.entry("attention.extend")
-        scale = _scale(ctx)
-        return lambda: f(q, k_pool, v_pool, cu, pre, table, rows, C, scale, 1)
+
+        def ref(o):
+            rs = sorted({0, B - 1})
+            refs = []
+            for r in rs:
+                idx = table[r].long()
+                qq = torch.zeros(L, Hq, D, device=q.device, dtype=q.dtype)
+                qq[P:] = q[r * C:(r + 1) * C]
+                refs.append(_reference(qq, k_pool[idx], v_pool[idx], [L], scale)[P:])
+            return torch.cat([o[r * C:(r + 1) * C] for r in rs]), torch.cat(refs)
+
+        return (lambda: f(q, k_pool, v_pool, cu, pre, table, rows, C, scale, 1)), ref
     raise ValueError(f"attention runner: unknown entry {w['entry']!r}")
+
+
+def workload(ctx, w: dict):
+    return _build(ctx, w)[0]
+
+
+def workload_case(ctx, w: dict, seed: int):
+    """Fresh inputs of ``w``'s shape per ``seed`` and a check of the timed call's output: sampled
+    requests (first, middle, last) against the fp32 math reference under the spec's accuracy tolerance."""
+    call, ref = _build(ctx, w, seed)
+    acc = [c for c in ctx.spec.get("accuracy", []) if c.get("suite") == "varlen_vs_fp32"]
+    atol, rtol = (float(acc[0]["atol"]), float(acc[0]["rtol"])) if acc else (0.02, 0.02)
+
+    def check(out):
+        got, want = ref(out)
+        ctx.rec.close(f"timed[{w['name']}][seed={seed}]:vs_fp32", got, want, atol=atol, rtol=rtol)
+
+    return call, check
