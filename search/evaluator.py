@@ -148,6 +148,19 @@ class Evaluator:
                            for v in violations[:50]]
             return r
 
+        from areal_tik_plugin.search import instructions as INS
+
+        try:
+            findings, instr = INS.check(run.impl_dir("I0000"), impl_dir, loader.read_manifest(impl_dir)["entry_points"],
+                                        list(spec["entry_points"]))
+        except (SyntaxError, OSError, ValueError) as e:
+            findings, instr = [], {"error": f"{type(e).__name__}: {e}"[:300]}
+        if findings:
+            r = result("contract_violation", "static", "instructions per path: " + "; ".join(findings[:6]))
+            r["checks"] = [{"name": "instructions_per_path", "passed": False, "kind": "static", "findings": findings,
+                            "instructions": instr}]
+            return r
+
         st = run.state()
         incumbent = st.best if ab and iid != "I0000" and st.best and st.best != iid else None
         timeout = float(self.timeout_s or spec["evaluation"]["timeout_s"])
@@ -245,6 +258,8 @@ class Evaluator:
         if binding:
             return result("infra_error", stage, "hash binding: " + "; ".join(binding), res)
         r = result(res["status"], stage, res.get("error"), res)
+        r["compile"]["instructions_per_path"] = instr
+        r["dispatch"]["rules"] = list(rec.dispatch_rules)
         if isinstance(r["timing"].get("ab"), dict):
             r["timing"]["ab"]["incumbent"] = incumbent
         if r["status"] == "ok" and incumbent and not (r["timing"].get("ab") or {}).get("objective_ratios"):

@@ -116,7 +116,8 @@ def compile(ctx) -> dict:
 def bitwise_suite(ctx, suite: dict) -> None:
     name = suite["suite"]
     fn = {"prefix_decode": _prefix_decode, "extend_chunks": _extend_chunks, "packed_vs_separate": _packed,
-          "batched_decode": _batched_decode, "graph_replay": _graph_replay}.get(name)
+          "batched_decode": _batched_decode, "graph_replay": _graph_replay,
+          "contract_decode": _contract_decode}.get(name)
     if fn is None:
         raise ValueError(f"attention runner: unknown bitwise suite {name!r}")
     torch.manual_seed(int(suite.get("seed", 0)))
@@ -137,6 +138,42 @@ def _prefix_decode(ctx, s):
         sl = torch.arange(P + 1, L + 1, dtype=torch.int32, device=_dev(ctx))
         dec = _decode(ctx, q[P:].contiguous(), kp, vp, sl, table, rows, page_size=int(ps))
         ctx.rec.bitwise(f"decode_rows[P={P},A={A},page={ps}]", full[P:], dec)
+
+
+def contract_positions(contract, prefix: str = "ATTN_", max_ctx: int | None = None) -> dict[str, list[int]]:
+    """Decode contexts at every boundary of the candidate's coupled integer constants (``COUPLED`` keys
+    with ``prefix``, current values read from its contract): v - 1, v, v + 1 and 2 v + 1, so every tile
+    and split boundary a coupled constant defines is crossed by a decode row. A new coupled constant is
+    covered as soon as the contract lists it."""
+    out = {}
+    for name in sorted(getattr(contract, "COUPLED", {}) or {}):
+        v = getattr(contract, name, None)
+        if not name.startswith(prefix) or isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            continue
+        ps = sorted({p for p in (v - 1, v, v + 1, 2 * v + 1) if p >= 1 and (max_ctx is None or p <= max_ctx)})
+        if ps:
+            out[f"{name}={v}"] = ps
+    return out
+
+
+def _contract_decode(ctx, s):
+    """prefill(x) row p-1 == one-token decode at context p, for every p of :func:`contract_positions`."""
+    Hq, Hkv, D, _ = _m(ctx)
+    per = contract_positions(ctx.impl.contract, s.get("prefix", "ATTN_"), s.get("max_ctx"))
+    if not per:
+        raise ValueError(f"contract_decode: the contract has no coupled integer constant starting with "
+                         f"{s.get('prefix', 'ATTN_')!r}")
+    pos = sorted({p for ps in per.values() for p in ps})
+    L = max(pos)
+    q, k, v = _rand(ctx, L, Hq, D), _rand(ctx, L, Hkv, D), _rand(ctx, L, Hkv, D)
+    full = _prefill(ctx, q, k, v, [L])
+    idx = torch.tensor([p - 1 for p in pos], device=_dev(ctx))
+    for ps in s.get("page_sizes", [1]):
+        kp, vp, table, _ = _pool(ctx, [k], [v], page_size=int(ps))
+        rows = torch.zeros(len(pos), dtype=torch.int32, device=_dev(ctx))
+        sl = torch.tensor(pos, dtype=torch.int32, device=_dev(ctx))
+        dec = _decode(ctx, q[idx].contiguous(), kp, vp, sl, table, rows, page_size=int(ps))
+        ctx.rec.bitwise(f"contract_decode[{','.join(per)};ctx={pos};page={ps}]", full[idx], dec)
 
 
 def _extend_chunks(ctx, s):

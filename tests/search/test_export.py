@@ -111,3 +111,32 @@ def test_export_refuses_revoked(toy_run):
         export(run, name="toy_revoked", iid="I0002", dest=os.path.join(tmp, "kernels"))
     # a revocation needs a reason and a verified target
     assert main(["search", "revoke", rdir, "--id", "I0000", "--reason", "x"]) == 2
+
+
+def test_export_verify_on_real_kernels(tmp_path, private_tik_v1, monkeypatch):
+    """search -> export -> tik verify with the exported folder: the root of a GEMM smoke run on a copy of
+    tik_v1 (interpreter), exported and verified bit for bit on a one-layer tiny model."""
+    from areal_tik_plugin.search.evaluator import Evaluator
+
+    with open(os.path.join(SPECS_DIR, "cpu_gemm_smoke.yaml")) as f:
+        s = yaml.safe_load(f)
+    s["workloads"] = s["workloads"][:1]
+    s["bitwise"] = s["bitwise"][:1]
+    s["accuracy"] = s["accuracy"][:1]
+    sp = str(tmp_path / "spec.yaml")
+    with open(sp, "w") as f:
+        yaml.safe_dump(s, f)
+    run = Run.create(str(tmp_path / "run"), sp, private_tik_v1)
+    run.initialize(Evaluator())
+    out = export(run, name="tik_v1_searched", iid="I0000", dest=str(tmp_path / "kernels"))
+    run.close()
+    monkeypatch.delenv("TIK_IMPLEMENTATION", raising=False)  # restored after the test; verify sets it
+    try:
+        rc = main(["verify", "--implementation", out["path"], "--device", "cpu", "--batch", "1", "--prompt-len", "5",
+                   "--response-len", "3", "--no-stock", "--layers", "1", "--json", "--out", str(tmp_path / "v.json")])
+        with open(tmp_path / "v.json") as f:
+            rep = json.load(f)
+    finally:
+        loader.set_implementation(None)
+    assert rc == 0 and rep["plugin_bit_identical"]
+    assert rep["implementation"] == {"name": "tik_v1_searched", "source_hash": out["source_hash"]}
