@@ -158,6 +158,12 @@ def load_implementation(path: str, *, verify_hash: bool = True) -> Implementatio
             f"does not match its sources ({actual[:12]}); an implementation is never edited in place "
             f"(run `tik kernels rehash {man['name']}` only when creating a new one)"
         )
+    # -- search exports carry their audits: refused on a GPU without a passing one (search/export.py) --
+    if man.get("evidence_required") == "search_audit":
+        from areal_tik_plugin.search.export import require_evidence
+
+        require_evidence(path, man, actual, device_arch())
+    # --------------------------------------------------------------------------------------------------
     key = f"{path}:{actual}"
     with _lock:
         if key in _loaded:

@@ -698,6 +698,12 @@ def _rng(xs):
 # ------------------------------------------------------------------------------------------------
 def _cmd_verify(args) -> int:
     try:
+        if args.implementation:  # e.g. a `tik search export`: its evidence is checked on load
+            from areal_tik_plugin.runtime import loader
+
+            path = loader.resolve_path(args.implementation)
+            loader.set_implementation(path)
+            os.environ["TIK_IMPLEMENTATION"] = path
         rep = run_verify(args.model, layers=args.layers, batch=args.batch, prompt_len=args.prompt_len,
                          response_len=args.response_len, prompt_file=args.prompt_file, device=args.device,
                          dtype=args.dtype, seed=args.seed, page_size=args.page_size, single=args.single,
@@ -721,6 +727,8 @@ def register(sub) -> None:
     p = sub.add_parser("verify", help="prove Constraint (1) for a model: full-sequence update forward == "
                                       "prefill + decode, bit for bit, at every position",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--implementation", default=None,
+                   help="kernels to verify: a name under kernels/ or a folder (e.g. from `tik search export`)")
     p.add_argument("--model", default="tiny-qwen3",
                    help=f"built-in config ({', '.join(BUILTIN_MODELS)}) or a local HF checkpoint folder")
     p.add_argument("--layers", type=int, default=None, help="override the number of layers")
