@@ -30,6 +30,12 @@ def pair(name: str, seed: int = 0):
     return hf, mg.eval()
 
 
+def pair_config(name: str):
+    from areal_tik_plugin import verify as V
+
+    return V._hf_config(name, None)[0]
+
+
 def seqs(vocab: int, lengths, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=g) for n in lengths]
