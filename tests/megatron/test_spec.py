@@ -156,3 +156,27 @@ def test_refusals():
     bad.model_type = "gemma"
     with pytest.raises(ValueError, match="gemma"):
         C.check_hf_config(bad)
+
+
+def test_tied_embeddings_output_layer():
+    """Qwen3-4B / Qwen2.5 tie lm_head to the embedding: the output layer reads the shared weight."""
+    from transformers import AutoModelForCausalLM
+
+    from areal_tik_plugin import verify as V
+    from areal_tik_plugin.integrations import transformers as TT
+    from areal_tik_plugin.integrations.megatron.verify import megatron_model_from_hf, megatron_packed_logits
+
+    _mg.setup()
+    cfg = _mg.pair_config("tiny-qwen3")
+    cfg.tie_word_embeddings = True
+    torch.manual_seed(5)
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    mg, back = megatron_model_from_hf(hf)
+    assert "output_layer.weight" not in mg.state_dict()
+    assert sorted(back) == sorted(hf.state_dict())
+    hf.load_state_dict(back, strict=True)
+    TT.apply_to_model(hf)
+    xs = seqs(cfg.vocab_size, [4, 9], 8)
+    with torch.no_grad():
+        for a, b in zip(megatron_packed_logits(mg.eval(), xs, "cpu"), V.hf_packed_logits(hf, xs, "cpu")):
+            assert bits_equal(a, b)

@@ -19,7 +19,7 @@ Megatron (``decoder.layers.{i}.`` prefix)               Hugging Face (``model.la
 ``mlp.experts.linear_fc1.weight{j}`` (MoE)             ``mlp.experts.gate_up_proj[e]`` (transformers 5)
 ``mlp.experts.linear_fc2.weight{j}`` (MoE)             ``mlp.experts.down_proj[e]``
 ``decoder.final_layernorm.weight``                     ``model.norm.weight``
-``output_layer.weight``                                ``lm_head.weight`` (absent when tied)
+``output_layer.weight``                                ``lm_head.weight`` (tied: the embedding)
 =====================================================  ==================================================
 
 QKV layout: Megatron's fused weight holds, for each of the ``ng`` query groups in turn, that group's
@@ -239,6 +239,8 @@ def mcore_to_hf(stages: list[tuple[dict, int]], hf, *, ep_states: list[list[dict
                     out[hp + ("mlp.experts.gate_up_proj" if fc == "linear_fc1" else "mlp.experts.down_proj")] = torch.stack(ws)
             else:
                 raise ValueError(f"unexpected Megatron parameter {k!r}")
+    if getattr(hf, "tie_word_embeddings", False) and "model.embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]  # HF lists the tied head too
     return out
 
 
