@@ -20,6 +20,8 @@ import pytest
 from tests.megatron import _mg  # noqa: F401  (skips without megatron-core)
 from tests.megatron._mg import bits_equal
 
+pytest.importorskip("areal", reason="AReaL is not installed (.ci/install_areal.sh VENV)")
+
 import torch  # noqa: E402
 
 from areal_tik_plugin.integrations.areal import config as C  # noqa: E402
@@ -71,7 +73,7 @@ def test_mbridge_builds_the_plugin_spec_and_round_trips_hf_checkpoints(tmp_path)
     """PyPI mbridge 0.15.1 reads ``hf_config.rope_theta`` (gone in transformers 5: AReaL pins a newer
     mbridge that reads ``rope_parameters``) and initializes on CUDA unless told otherwise; the two
     attributes set below are those CPU/transformers-5 shims, nothing else is changed."""
-    import mbridge
+    mbridge = pytest.importorskip("mbridge", reason="mbridge is not installed (.ci/install_megatron.sh VENV)")
 
     from areal_tik_plugin import verify as V
     from areal_tik_plugin.integrations.megatron import areal as MA
@@ -112,6 +114,7 @@ def test_mbridge_builds_the_plugin_spec_and_round_trips_hf_checkpoints(tmp_path)
 
 @pytest.fixture(scope="module")
 def megatron_engine():
+    pytest.importorskip("mbridge", reason="mbridge is not installed (.ci/install_megatron.sh VENV)")
     """``areal.engine.megatron_engine`` imported for real; only ``megatron.bridge`` (NVIDIA's
     Megatron-Bridge, not installable on CPU / Python 3.11, unused with bridge_type=mbridge) is an
     import-only stub whose classes raise."""
@@ -141,6 +144,7 @@ def test_install_routes_megatron_logprobs_through_the_plugin_op(megatron_engine)
     from areal_tik_plugin.integrations import logprobs as LP
     from areal_tik_plugin.integrations.areal import hooks as H
 
+    pytest.importorskip("mbridge", reason="mbridge is not installed (.ci/install_megatron.sh VENV)")
     ME = megatron_engine
     stock = ME.gather_logprobs
     H.install_worker(C.TikConfig(actor_engine="megatron"))
