@@ -234,27 +234,39 @@ class TikNormLinear(torch.nn.Module):
 def _positions(s: int, b: int, packed_seq_params, device) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(positions int64 [b*s] batch-major, cu_seqlens int32, max_seqlen) of ``s x b`` tokens."""
     if packed_seq_params is not None:
-        if packed_seq_params.qkv_format != "thd":
-            raise ValueError(f"packed_seq_params.qkv_format={packed_seq_params.qkv_format!r}: expected 'thd'")
-        if b != 1:
-            raise ValueError(f"packed THD input: expected hidden states [t, 1, h], got batch {b}")
+        # computed once per forward: every layer (attention and core attention) asks again
         cu = packed_seq_params.cu_seqlens_q
-        for name in ("cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
-            other = getattr(packed_seq_params, name, None)
-            if other is not None and other is not cu and not torch.equal(other.to(cu.device), cu):
-                raise ValueError(f"packed_seq_params.{name}: expected the same offsets as cu_seqlens_q "
-                                 "(causal self-attention without padding between sequences)")
-        cu = cu.to(device=device, dtype=torch.int32)
-        if cu.dim() != 1 or int(cu[0]) != 0 or int(cu[-1]) != s:
-            raise ValueError(f"packed_seq_params.cu_seqlens_q: expected 1-D offsets from 0 to {s}, got "
-                             f"{cu.tolist() if cu.numel() < 16 else tuple(cu.shape)}")
-        lens = (cu[1:] - cu[:-1]).to(torch.int64)
-        starts = torch.repeat_interleave(cu[:-1].to(torch.int64), lens)
-        pos = torch.arange(s, device=device, dtype=torch.int64) - starts
-        mx = packed_seq_params.max_seqlen_q
-        return pos, cu, int(mx) if mx is not None else int(lens.max())
+        key = (s, b, str(device), id(cu), cu.data_ptr(), None if cu.is_inference() else cu._version)
+        got = getattr(packed_seq_params, "_tik_layout", None)
+        if got is not None and got[0] == key:
+            return got[1]
+        res = _packed_positions(s, b, packed_seq_params, device)
+        packed_seq_params._tik_layout = (key, res)
+        return res
     pos = torch.arange(s, device=device, dtype=torch.int64).repeat(b)
     return pos, torch.arange(b + 1, dtype=torch.int32, device=device) * s, s
+
+
+def _packed_positions(s, b, packed_seq_params, device):
+    if packed_seq_params.qkv_format != "thd":
+        raise ValueError(f"packed_seq_params.qkv_format={packed_seq_params.qkv_format!r}: expected 'thd'")
+    if b != 1:
+        raise ValueError(f"packed THD input: expected hidden states [t, 1, h], got batch {b}")
+    cu = packed_seq_params.cu_seqlens_q
+    for name in ("cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
+        other = getattr(packed_seq_params, name, None)
+        if other is not None and other is not cu and not torch.equal(other.to(cu.device), cu):
+            raise ValueError(f"packed_seq_params.{name}: expected the same offsets as cu_seqlens_q "
+                             "(causal self-attention without padding between sequences)")
+    cu = cu.to(device=device, dtype=torch.int32)
+    if cu.dim() != 1 or int(cu[0]) != 0 or int(cu[-1]) != s:
+        raise ValueError(f"packed_seq_params.cu_seqlens_q: expected 1-D offsets from 0 to {s}, got "
+                         f"{cu.tolist() if cu.numel() < 16 else tuple(cu.shape)}")
+    lens = (cu[1:] - cu[:-1]).to(torch.int64)
+    starts = torch.repeat_interleave(cu[:-1].to(torch.int64), lens)
+    pos = torch.arange(s, device=device, dtype=torch.int64) - starts
+    mx = packed_seq_params.max_seqlen_q
+    return pos, cu, int(mx) if mx is not None else int(lens.max())
 
 
 class TikCoreAttention(torch.nn.Module):
