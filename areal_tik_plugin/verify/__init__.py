@@ -697,6 +697,8 @@ def _rng(xs):
 # CLI
 # ------------------------------------------------------------------------------------------------
 def _cmd_verify(args) -> int:
+    if getattr(args, "engine", "hf") == "megatron":
+        return _cmd_verify_megatron(args)
     try:
         if args.implementation:  # e.g. a `tik search export`: its evidence is checked on load
             from areal_tik_plugin.runtime import loader
@@ -723,12 +725,42 @@ def _cmd_verify(args) -> int:
     return 0 if rep["plugin_bit_identical"] else 1
 
 
+def _cmd_verify_megatron(args) -> int:
+    # the Megatron runner lives with its integration; this is only the CLI hook
+    from areal_tik_plugin.runtime import interp as _interp
+
+    _interp.ensure_interpreter_if_no_gpu()
+    try:
+        from areal_tik_plugin.integrations.megatron import verify as MV
+
+        rep = MV.run_verify_megatron(args.model, layers=args.layers, batch=args.batch, prompt_len=args.prompt_len,
+                                     response_len=args.response_len, page_size=args.page_size, seed=args.seed,
+                                     device=args.device)
+    except ImportError as e:
+        print(f"tik verify --engine megatron: needs megatron-core (pip install 'areal-tik-plugin[megatron]'): {e}",
+              file=sys.stderr)
+        return 2
+    except (ValueError, NotImplementedError, RuntimeError) as e:
+        print(f"tik verify: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(rep, indent=1)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text if args.json else MV.format_report(rep))
+    return 0 if rep["bit_identical"] else 1
+
+
 def register(sub) -> None:
     p = sub.add_parser("verify", help="prove Constraint (1) for a model: full-sequence update forward == "
                                       "prefill + decode, bit for bit, at every position",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--implementation", default=None,
                    help="kernels to verify: a name under kernels/ or a folder (e.g. from `tik search export`)")
+    p.add_argument("--engine", default="hf", choices=["hf", "megatron"],
+                   help="policy-update forward: the patched HF model (FSDP engine) or megatron-core with the "
+                        "plugin spec (Megatron engine)")
     p.add_argument("--model", default="tiny-qwen3",
                    help=f"built-in config ({', '.join(BUILTIN_MODELS)}) or a local HF checkpoint folder")
     p.add_argument("--layers", type=int, default=None, help="override the number of layers")

@@ -73,7 +73,8 @@ def test_plan_staleness_positive():
     (lambda c: setattr(c.sglang, "dtype", "float16"), "sglang.dtype"),
     (lambda c: setattr(c.rollout, "backend", "sglang:d2p1t2"), "rollout TP 2"),
     (lambda c: setattr(c.rollout, "backend", "vllm:d4p1t1"), "SGLang only"),
-    (lambda c: setattr(c.actor, "backend", "megatron:d4p1t1"), "FSDP engine only"),
+    (lambda c: setattr(c.actor, "backend", "megatron:d4p1t2"), "tensor parallel 2"),
+    (lambda c: setattr(c.actor, "backend", "archon:d4p1t1"), "FSDP and Megatron engines only"),
 ])
 def test_refusals(mutate, msg):
     cfg = areal_cfg(0)
