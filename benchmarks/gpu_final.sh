@@ -1,39 +1,51 @@
 #!/usr/bin/env bash
-# The evidence call: attention (full contract suite + full benchmark grid) and every other op (full
-# contract suite, --quick benchmark grid), two evidence JSON files under $OUT bound to the current
-# source hash. Prints the two short tables last.
+# The evidence call for the current source hash: the contract suite (checks + benchmarks) of every op,
+# evidence JSON under $OUT bound to the hash, the short tables last.
+#   bash benchmarks/gpu_final.sh [--parts "ops attention"] [--ops-grid full|quick] [--attn-bench full|quick|none]
+#                                [--layer-bench] [--lb-args "--quick"] [--lb-limit 200]
+# --parts: the groups to run (one per device call when both do not fit in one); --ops-grid: the benchmark
+# grid of the non-attention ops; --attn-bench none: attention's checks without its benchmark grid;
+# --layer-bench: the layer bench after the suites (its JSON and log under $OUT). Order: ops, attention,
+# layer bench. Carry .whl-liger (the liger_kernel wheel alone) for the Liger-Kernel baseline rows.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tik-out}
+parts="ops attention"; ops_grid=full; attn_bench=full; layer_bench=0; lb_args="--quick"; lb_limit=200
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --parts) parts=$2; shift 2;;
+    --ops-grid) ops_grid=$2; shift 2;;
+    --attn-bench) attn_bench=$2; shift 2;;
+    --layer-bench) layer_bench=1; shift;;
+    --lb-args) lb_args=$2; shift 2;;
+    --lb-limit) lb_limit=$2; shift 2;;
+    *) echo "gpu_final.sh: unknown argument $1 (see the header of benchmarks/gpu_final.sh)" >&2; exit 2;;
+  esac
+done
+case "$ops_grid" in full) og=;; quick) og=--quick-bench;; *) echo "--ops-grid: expected full or quick, got $ops_grid" >&2; exit 2;; esac
+case "$attn_bench" in full) nb=;; quick) nb=--quick-bench;; none) nb=--no-bench;;
+  *) echo "--attn-bench: expected full, quick or none, got $attn_bench" >&2; exit 2;; esac
 mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
-# Liger-Kernel baseline for RMSNorm / RoPE / SwiGLU: carry .whl-liger (liger_kernel-0.8.5 wheel only, pure
-# Python, installed without deps); without it the benchmark rows record Liger as unavailable
 if ls .whl-liger/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-liger .whl-liger/*.whl >>"$OUT/pip.log" 2>&1 \
     && export PYTHONPATH=/tmp/site-liger${PYTHONPATH:+:$PYTHONPATH}
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-# TIK_FINAL_ATTN_BENCH=0: attention contract checks without its benchmark grid (for a kernel change
-# outside attention.py, whose benchmarks are then those of the last full run); =quick: the full checks
-# with the --quick benchmark grid; TIK_FINAL_LAYER_BENCH=1: the layer bench (TIK_FINAL_LB_ARGS, default
-# --quick) after the suites, its JSON and log under $OUT. Order: ops, attention, layer bench.
-# TIK_FINAL_PARTS (default "ops attention"): run one part per device call when both do not fit in one
-parts=" ${TIK_FINAL_PARTS:-ops attention} "
 a=0; b=0; : >"$OUT/ops.log"; : >"$OUT/attention.log"
-if [[ $parts == *" ops "* ]]; then
-  python3 -m areal_tik_plugin.contract --out "$OUT" --ops rmsnorm,rope,swiglu,kv_write,logprob,gemm,moe --quick >"$OUT/ops.log" 2>&1; b=$?
+if [[ " $parts " == *" ops "* ]]; then
+  python3 -m areal_tik_plugin.contract --out "$OUT" --ops rmsnorm,rope,swiglu,kv_write,logprob,gemm,moe $og >"$OUT/ops.log" 2>&1; b=$?
 fi
-nb=; [ "${TIK_FINAL_ATTN_BENCH:-1}" = 0 ] && nb=--no-bench; [ "${TIK_FINAL_ATTN_BENCH:-1}" = quick ] && nb=--quick-bench
-if [[ $parts == *" attention "* ]]; then
+if [[ " $parts " == *" attention "* ]]; then
   python3 -m areal_tik_plugin.contract --out "$OUT" --ops attention $nb >"$OUT/attention.log" 2>&1; a=$?
 fi
 c=0
-if [ "${TIK_FINAL_LAYER_BENCH:-0}" = 1 ]; then
-  timeout "${TIK_LB_LIMIT:-200}" python3 -m benchmarks.layer_bench --out "$OUT" ${TIK_FINAL_LB_ARGS:---quick} >"$OUT/layer_bench.log" 2>&1; c=$?
+if [ "$layer_bench" = 1 ]; then
+  # shellcheck disable=SC2086
+  timeout "$lb_limit" python3 -m benchmarks.layer_bench --out "$OUT" $lb_args >"$OUT/layer_bench.log" 2>&1; c=$?
 fi
 grep -E "^(FAIL|ERROR)" "$OUT/attention.log" "$OUT/ops.log" | cut -c1-300 | head -20
-[ "${TIK_FINAL_LAYER_BENCH:-0}" = 1 ] && grep -E "ratio baseline|pdl probe|ERROR" "$OUT/layer_bench.log"
+[ "$layer_bench" = 1 ] && grep -E "ratio baseline|pdl probe|ERROR" "$OUT/layer_bench.log"
 tail -4 "$OUT/attention.log"; tail -9 "$OUT/ops.log"
 # at most 8 files come back from a device call (top-level files first, by name), so everything this
 # script wrote also goes into one archive whose name sorts first
