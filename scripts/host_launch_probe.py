@@ -41,12 +41,9 @@ def report(tag):
 
 def breakdown():
     import cProfile
-    import importlib
     import pstats
 
     from areal_tik_plugin.loader import get_implementation
-
-    lin_mod = importlib.import_module("areal_tik_plugin.ops.linear")  # the module (ops.linear is the function)
 
     gemm = get_implementation().module("gemm")
     M, K = x.shape
@@ -91,7 +88,6 @@ def breakdown():
         sfx = " [short]" if fast else ""
         with knobs(ro, FAST_LAUNCH=fast):
             for tag, fn in (("ops.linear", lambda: linear(x, w)),
-                            ("ops _linear_fast", lambda: lin_mod._linear_fast(x, w)),
                             ("gemm.linear", lambda: gemm.linear(x, w)),
                             ("gemm.linear(config)", lambda: gemm.linear(x, w, config=cfg))):
                 fn()

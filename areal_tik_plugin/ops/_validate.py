@@ -61,7 +61,7 @@ def check_values(device: torch.device) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------
-# memoized static checks (the integrations' internal entry points)
+# memoized static checks (every public op)
 # ------------------------------------------------------------------------------------------------
 def sig(t):
     """Everything the static checks of an op read from one argument, as a hashable key part.

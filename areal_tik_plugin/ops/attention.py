@@ -95,9 +95,11 @@ def attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, softmax_scale=None):
     -------
     Tensor [T, Hq, D], differentiable w.r.t. q, k, v.
     """
-    D = _check_varlen(q, k, v, cu_seqlens)
+    key = (V.sig(q), V.sig(k), V.sig(v), V.sig(cu_seqlens), V.sig(softmax_scale))
+    _MEMO_VARLEN.once(key, lambda: _scale(softmax_scale, _check_varlen(q, k, v, cu_seqlens)))
     max_seqlen = _varlen_max_seqlen(q, cu_seqlens, max_seqlen)
-    return _AttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, _scale(softmax_scale, D))
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    return _AttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale)
 
 
 def _check_varlen(q, k, v, cu_seqlens):
@@ -121,20 +123,6 @@ def _varlen_max_seqlen(q, cu_seqlens, max_seqlen):
     elif isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
         raise TypeError(f"max_seqlen: expected a non-negative int, got {max_seqlen!r}")
     return max_seqlen
-
-
-_MEMO_VARLEN = V.Memo()
-
-
-def _attention_varlen_fast(q, k, v, cu_seqlens, max_seqlen=None, softmax_scale=None):
-    """:func:`attention_varlen` for the integrations: static checks once per argument signature
-    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss); ``max_seqlen`` checked
-    (or computed with the value check) on every call; then the same kernel call."""
-    key = (V.sig(q), V.sig(k), V.sig(v), V.sig(cu_seqlens), V.sig(softmax_scale))
-    _MEMO_VARLEN.once(key, lambda: _scale(softmax_scale, _check_varlen(q, k, v, cu_seqlens)))
-    max_seqlen = _varlen_max_seqlen(q, cu_seqlens, max_seqlen)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    return _AttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale)
 
 
 def _check_paged(k_cache, v_cache, kv_indices, table_rows, page_size, device, n_req):
@@ -180,11 +168,15 @@ def attention_extend(q, k_cache, v_cache, *, cu_seqlens_q, prefix_lens, kv_indic
     -------
     Tensor [T, Hq, D]
     """
-    D = _check_extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size)
+    key = (V.sig(q), V.sig(k_cache), V.sig(v_cache), V.sig(cu_seqlens_q), V.sig(prefix_lens), V.sig(kv_indices),
+           V.sig(table_rows), V.sig(softmax_scale), V.sig(page_size))
+    _MEMO_EXTEND.once(key, lambda: _scale(softmax_scale, _check_extend(
+        q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size)))
     max_extend_len = _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, max_extend_len,
                                     page_size)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _impl().extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows,
-                          max_extend_len, _scale(softmax_scale, D), page_size)
+                          max_extend_len, scale, page_size)
 
 
 def _check_extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size):
@@ -222,25 +214,6 @@ def _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows
     return max_extend_len
 
 
-_MEMO_EXTEND = V.Memo()
-
-
-def _attention_extend_fast(q, k_cache, v_cache, *, cu_seqlens_q, prefix_lens, kv_indices, table_rows,
-                           max_extend_len=None, softmax_scale=None, page_size=1):
-    """:func:`attention_extend` for the integrations: static checks once per argument signature
-    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), ``max_extend_len`` and
-    the value checks on every call, then the same kernel call."""
-    key = (V.sig(q), V.sig(k_cache), V.sig(v_cache), V.sig(cu_seqlens_q), V.sig(prefix_lens), V.sig(kv_indices),
-           V.sig(table_rows), V.sig(softmax_scale), V.sig(page_size))
-    _MEMO_EXTEND.once(key, lambda: _scale(softmax_scale, _check_extend(
-        q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size)))
-    max_extend_len = _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, max_extend_len,
-                                    page_size)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    return _impl().extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows,
-                          max_extend_len, scale, page_size)
-
-
 def attention_decode(q, k_cache, v_cache, *, seq_lens, kv_indices=None, table_rows=None, softmax_scale=None,
                      page_size=1, max_context_len=None, out=None):
     """One query token per request against its KV cache (lengths may differ within the batch).
@@ -258,6 +231,22 @@ def attention_decode(q, k_cache, v_cache, *, seq_lens, kv_indices=None, table_ro
     -------
     Tensor [B, Hq, D]
     """
+    key = (V.sig(q), V.sig(k_cache), V.sig(v_cache), V.sig(seq_lens), V.sig(kv_indices), V.sig(table_rows),
+           V.sig(softmax_scale), V.sig(page_size), V.sig(max_context_len), V.sig(out))
+    _MEMO_DECODE.once(key, _check_decode, q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale,
+                      page_size, max_context_len, out)
+    if max_context_len is None:
+        max_context_len = kv_indices.shape[1] * page_size if kv_indices is not None else k_cache.shape[1]
+    if V.check_values(q.device):
+        _decode_values(q, k_cache, seq_lens, kv_indices, table_rows, page_size, max_context_len)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    return _impl().decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, scale, page_size, max_context_len,
+                          out=out)
+
+
+def _check_decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale, page_size, max_context_len,
+                  out):
+    """Static checks of :func:`attention_decode`."""
     dense = kv_indices is None
     D = _check_qkv(q, k_cache, v_cache, q_ndim=3, kv_ndim=3 if not dense else 4, head_axis=1 if not dense else 2)
     B = q.shape[0]
@@ -269,25 +258,27 @@ def attention_decode(q, k_cache, v_cache, *, seq_lens, kv_indices=None, table_ro
             raise ValueError("table_rows: expected None with a dense cache (kv_indices=None)")
         if k_cache.shape[0] != B:
             raise ValueError(f"k_cache: expected a dense cache [B={B}, S, Hkv, D], got {tuple(k_cache.shape)}")
-        cap = k_cache.shape[1]
     else:
         if table_rows is None:
             raise ValueError("table_rows: expected an int tensor [B] with a paged cache")
         _check_paged(k_cache, v_cache, kv_indices, table_rows, page_size, q.device, B)
-        cap = kv_indices.shape[1] * page_size
-    if max_context_len is None:
-        max_context_len = cap
-    elif isinstance(max_context_len, bool) or not isinstance(max_context_len, int) or max_context_len < 1:
+    if max_context_len is not None and (isinstance(max_context_len, bool) or not isinstance(max_context_len, int)
+                                        or max_context_len < 1):
         raise TypeError(f"max_context_len: expected a positive int, got {max_context_len!r}")
-    if V.check_values(q.device):
-        if B and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > max_context_len):
-            raise ValueError(f"seq_lens: expected values in [1, {max_context_len}], got min {int(seq_lens.min())} "
-                             f"max {int(seq_lens.max())}")
-        if not dense:
-            _check_slots(k_cache, kv_indices, table_rows, seq_lens, page_size)
     if out is not None:
         V.tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device, contiguous_last=True)
         if out.shape != q.shape:
             raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(out.shape)}")
-    return _impl().decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, _scale(softmax_scale, D),
-                          page_size, max_context_len, out=out)
+    _scale(softmax_scale, D)
+
+
+def _decode_values(q, k_cache, seq_lens, kv_indices, table_rows, page_size, max_context_len):
+    """Value checks of :func:`attention_decode` (a host sync: CPU always, GPU with ``TIK_CHECK_VALUES=1``)."""
+    if q.shape[0] and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > max_context_len):
+        raise ValueError(f"seq_lens: expected values in [1, {max_context_len}], got min {int(seq_lens.min())} "
+                         f"max {int(seq_lens.max())}")
+    if kv_indices is not None:
+        _check_slots(k_cache, kv_indices, table_rows, seq_lens, page_size)
+
+
+_MEMO_VARLEN, _MEMO_EXTEND, _MEMO_DECODE = V.Memo(), V.Memo(), V.Memo()
