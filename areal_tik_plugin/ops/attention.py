@@ -30,17 +30,18 @@ def _impl():
     return _loader.current_module("attention")
 
 
-def _check_qkv(q, k, v, *, q_ndim, kv_ndim, head_axis):
+def _check_qkv(q, k, v, *, q_ndim, kv_ndim, head_axis, kv_names=("k", "v")):
+    kn, vn = kv_names
     V.tensor("q", q, ndim=q_ndim, dtypes=V.FLOAT_DTYPES, contiguous_last=True)
-    V.tensor("k", k, ndim=kv_ndim, dtypes=V.FLOAT_DTYPES, device=q.device, contiguous_last=True)
-    V.tensor("v", v, ndim=kv_ndim, dtypes=V.FLOAT_DTYPES, device=q.device, contiguous_last=True)
-    V.same_dtype("q", q, k=k, v=v)
+    V.tensor(kn, k, ndim=kv_ndim, dtypes=V.FLOAT_DTYPES, device=q.device, contiguous_last=True)
+    V.tensor(vn, v, ndim=kv_ndim, dtypes=V.FLOAT_DTYPES, device=q.device, contiguous_last=True)
+    V.same_dtype("q", q, **{kn: k, vn: v})
     D = q.shape[-1]
     V.power_of_two_head_dim("q.shape[-1]", D)
     if k.shape[-1] != D or v.shape[-1] != D:
-        raise ValueError(f"k, v: expected head_dim {D} (same as q), got {k.shape[-1]} and {v.shape[-1]}")
+        raise ValueError(f"{kn}, {vn}: expected head_dim {D} (same as q), got {k.shape[-1]} and {v.shape[-1]}")
     if k.shape != v.shape:
-        raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+        raise ValueError(f"{vn}: expected the shape of {kn} {tuple(k.shape)}, got {tuple(v.shape)}")
     hq, hkv = q.shape[-2], k.shape[head_axis]
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"q heads ({hq}) must be a positive multiple of kv heads ({hkv})")
@@ -114,14 +115,23 @@ def _check_varlen(q, k, v, cu_seqlens):
 
 
 def _varlen_max_seqlen(q, cu_seqlens, max_seqlen):
-    """``max_seqlen`` checked, or computed (with the offsets' value check, a host sync) when None."""
-    if max_seqlen is None:
+    """``max_seqlen`` checked, or computed from the offsets (a host sync) when None. The offsets' value
+    check (start 0, non-decreasing, end T; ``max_seqlen`` not below the longest run) runs whenever the
+    offsets are read anyway (``max_seqlen=None``) and where value checks run (:func:`V.check_values`)."""
+    if max_seqlen is not None:
+        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+            raise TypeError(f"max_seqlen: expected a non-negative int, got {max_seqlen!r}")
+        if max_seqlen < 0:
+            raise ValueError(f"max_seqlen: expected a non-negative int, got {max_seqlen!r}")
+    if max_seqlen is None or V.check_values(q.device):
         lens = cu_seqlens[1:] - cu_seqlens[:-1]
         if int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != q.shape[0] or bool((lens < 0).any()):
             raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0 to {q.shape[0]}, got {cu_seqlens.tolist()}")
-        max_seqlen = int(lens.max())
-    elif isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
-        raise TypeError(f"max_seqlen: expected a non-negative int, got {max_seqlen!r}")
+        longest = int(lens.max())
+        if max_seqlen is None:
+            max_seqlen = longest
+        elif max_seqlen < longest:
+            raise ValueError(f"max_seqlen: {max_seqlen} is smaller than the longest sequence {longest} (cu_seqlens)")
     return max_seqlen
 
 
@@ -181,7 +191,7 @@ def attention_extend(q, k_cache, v_cache, *, cu_seqlens_q, prefix_lens, kv_indic
 
 def _check_extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size):
     """Static checks of :func:`attention_extend` -> head_dim."""
-    D = _check_qkv(q, k_cache, v_cache, q_ndim=3, kv_ndim=3, head_axis=1)
+    D = _check_qkv(q, k_cache, v_cache, q_ndim=3, kv_ndim=3, head_axis=1, kv_names=("k_cache", "v_cache"))
     _check_index("cu_seqlens_q", cu_seqlens_q, q.device)
     B = cu_seqlens_q.numel() - 1
     if B < 1:
@@ -198,12 +208,19 @@ def _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows
     with ``TIK_CHECK_VALUES=1``): every call."""
     if max_extend_len is None:
         max_extend_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    elif isinstance(max_extend_len, bool) or not isinstance(max_extend_len, int):
+        raise TypeError(f"max_extend_len: expected a non-negative int, got {max_extend_len!r}")
+    elif max_extend_len < 0:
+        raise ValueError(f"max_extend_len: expected a non-negative int, got {max_extend_len!r}")
     if V.check_values(q.device):
         lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
         if int(cu_seqlens_q[0]) != 0 or int(cu_seqlens_q[-1]) != q.shape[0] or bool((lens < 0).any()):
-            raise ValueError(f"cu_seqlens_q: expected non-decreasing offsets from 0 to {q.shape[0]}")
+            raise ValueError(f"cu_seqlens_q: expected non-decreasing offsets from 0 to {q.shape[0]}, "
+                             f"got {cu_seqlens_q.tolist()}")
         if int(lens.max()) > max_extend_len:
             raise ValueError(f"max_extend_len: {max_extend_len} is smaller than the longest run {int(lens.max())}")
+        if int(prefix_lens.min()) < 0:
+            raise ValueError(f"prefix_lens: expected non-negative lengths, got {prefix_lens.tolist()}")
         ctx = prefix_lens.to(torch.int64) + lens.to(torch.int64)
         if int(ctx.max()) > kv_indices.shape[1] * page_size:
             raise ValueError(f"context length {int(ctx.max())} exceeds the kv_indices table width "
@@ -248,7 +265,8 @@ def _check_decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax
                   out):
     """Static checks of :func:`attention_decode`."""
     dense = kv_indices is None
-    D = _check_qkv(q, k_cache, v_cache, q_ndim=3, kv_ndim=3 if not dense else 4, head_axis=1 if not dense else 2)
+    D = _check_qkv(q, k_cache, v_cache, q_ndim=3, kv_ndim=3 if not dense else 4, head_axis=1 if not dense else 2,
+                   kv_names=("k_cache", "v_cache"))
     B = q.shape[0]
     _check_index("seq_lens", seq_lens, q.device)
     if seq_lens.numel() != B:
@@ -262,9 +280,14 @@ def _check_decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax
         if table_rows is None:
             raise ValueError("table_rows: expected an int tensor [B] with a paged cache")
         _check_paged(k_cache, v_cache, kv_indices, table_rows, page_size, q.device, B)
-    if max_context_len is not None and (isinstance(max_context_len, bool) or not isinstance(max_context_len, int)
-                                        or max_context_len < 1):
-        raise TypeError(f"max_context_len: expected a positive int, got {max_context_len!r}")
+    cap = k_cache.shape[1] if dense else kv_indices.shape[1] * page_size
+    if max_context_len is not None:
+        if isinstance(max_context_len, bool) or not isinstance(max_context_len, int) or max_context_len < 1:
+            raise TypeError(f"max_context_len: expected a positive int, got {max_context_len!r}")
+        if max_context_len > cap:  # the kernel would read past the cache / table row
+            raise ValueError(f"max_context_len: expected at most {cap} (the "
+                             f"{'dense cache length S' if dense else 'kv_indices table width x page_size'}), "
+                             f"got {max_context_len}")
     if out is not None:
         V.tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device, contiguous_last=True)
         if out.shape != q.shape:

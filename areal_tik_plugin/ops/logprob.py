@@ -66,8 +66,9 @@ def token_logprobs(logits, tokens, temperature=1.0, return_entropy=False):
     if isinstance(temperature, torch.Tensor):
         temp_tensor = temperature.reshape(-1).contiguous()
         temperature = 1.0
-        if temp_tensor.numel() and V.check_values(logits.device) and not bool((temp_tensor > 0).all()):
-            raise ValueError("temperature: expected positive values")
+        if temp_tensor.numel() and V.check_values(logits.device) and not bool(
+                ((temp_tensor > 0) & torch.isfinite(temp_tensor)).all()):
+            raise ValueError(f"temperature: expected finite positive values, got {temp_tensor.tolist()[:16]}")
     else:
         temperature = float(temperature)
     x = logits.reshape(-1, Vn)
