@@ -95,6 +95,11 @@ def attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, softmax_scale=None):
     Returns
     -------
     Tensor [T, Hq, D], differentiable w.r.t. q, k, v.
+
+    Value checks (cu_seqlens monotone from 0 to T, max_seqlen >= the longest run; with max_seqlen=None
+    the offsets are read anyway) read tensor values, a host sync: they run on CPU tensors always and on
+    CUDA tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture (SGLang's decode is
+    captured); a bad value on the GPU otherwise gives undefined rows.
     """
     key = (V.sig(q), V.sig(k), V.sig(v), V.sig(cu_seqlens), V.sig(softmax_scale))
     _MEMO_VARLEN.once(key, lambda: _scale(softmax_scale, _check_varlen(q, k, v, cu_seqlens)))
@@ -177,6 +182,11 @@ def attention_extend(q, k_cache, v_cache, *, cu_seqlens_q, prefix_lens, kv_indic
     Returns
     -------
     Tensor [T, Hq, D]
+
+    Value checks (cu_seqlens_q, prefix_lens >= 0, context within the table, table_rows and slots inside
+    the table and pool) read tensor values, a host sync: they run on CPU tensors always and on CUDA
+    tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture (SGLang's decode is captured); a
+    bad value on the GPU otherwise gives undefined rows.
     """
     key = (V.sig(q), V.sig(k_cache), V.sig(v_cache), V.sig(cu_seqlens_q), V.sig(prefix_lens), V.sig(kv_indices),
            V.sig(table_rows), V.sig(softmax_scale), V.sig(page_size))
@@ -247,15 +257,21 @@ def attention_decode(q, k_cache, v_cache, *, seq_lens, kv_indices=None, table_ro
     Returns
     -------
     Tensor [B, Hq, D]
+
+    Value checks (1 <= seq_lens <= min(max_context_len, capacity), table_rows and slots inside the table
+    and pool) read tensor values, a host sync: they run on CPU tensors always and on CUDA tensors only
+    with ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture (SGLang's decode is captured); a bad value on
+    the GPU otherwise gives undefined rows.
     """
     key = (V.sig(q), V.sig(k_cache), V.sig(v_cache), V.sig(seq_lens), V.sig(kv_indices), V.sig(table_rows),
            V.sig(softmax_scale), V.sig(page_size), V.sig(max_context_len), V.sig(out))
     _MEMO_DECODE.once(key, _check_decode, q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale,
                       page_size, max_context_len, out)
+    cap = kv_indices.shape[1] * page_size if kv_indices is not None else k_cache.shape[1]
     if max_context_len is None:
-        max_context_len = kv_indices.shape[1] * page_size if kv_indices is not None else k_cache.shape[1]
+        max_context_len = cap
     if V.check_values(q.device):
-        _decode_values(q, k_cache, seq_lens, kv_indices, table_rows, page_size, max_context_len)
+        _decode_values(q, k_cache, seq_lens, kv_indices, table_rows, page_size, min(max_context_len, cap))
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _impl().decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, scale, page_size, max_context_len,
                           out=out)
@@ -280,14 +296,9 @@ def _check_decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax
         if table_rows is None:
             raise ValueError("table_rows: expected an int tensor [B] with a paged cache")
         _check_paged(k_cache, v_cache, kv_indices, table_rows, page_size, q.device, B)
-    cap = k_cache.shape[1] if dense else kv_indices.shape[1] * page_size
-    if max_context_len is not None:
-        if isinstance(max_context_len, bool) or not isinstance(max_context_len, int) or max_context_len < 1:
-            raise TypeError(f"max_context_len: expected a positive int, got {max_context_len!r}")
-        if max_context_len > cap:  # the kernel would read past the cache / table row
-            raise ValueError(f"max_context_len: expected at most {cap} (the "
-                             f"{'dense cache length S' if dense else 'kv_indices table width x page_size'}), "
-                             f"got {max_context_len}")
+    if max_context_len is not None and (isinstance(max_context_len, bool) or not isinstance(max_context_len, int)
+                                        or max_context_len < 1):
+        raise TypeError(f"max_context_len: expected a positive int, got {max_context_len!r}")
     if out is not None:
         V.tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device, contiguous_last=True)
         if out.shape != q.shape:
@@ -295,11 +306,12 @@ def _check_decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax
     _scale(softmax_scale, D)
 
 
-def _decode_values(q, k_cache, seq_lens, kv_indices, table_rows, page_size, max_context_len):
-    """Value checks of :func:`attention_decode` (a host sync: CPU always, GPU with ``TIK_CHECK_VALUES=1``)."""
-    if q.shape[0] and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > max_context_len):
-        raise ValueError(f"seq_lens: expected values in [1, {max_context_len}], got min {int(seq_lens.min())} "
-                         f"max {int(seq_lens.max())}")
+def _decode_values(q, k_cache, seq_lens, kv_indices, table_rows, page_size, limit):
+    """Value checks of :func:`attention_decode` (a host sync: CPU always, GPU with ``TIK_CHECK_VALUES=1``);
+    ``limit``: min(max_context_len, the cache length S or the table width x page_size)."""
+    if q.shape[0] and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > limit):
+        raise ValueError(f"seq_lens: expected values in [1, {limit}] (max_context_len and the cache / table "
+                         f"capacity), got min {int(seq_lens.min())} max {int(seq_lens.max())}")
     if kv_indices is not None:
         _check_slots(k_cache, kv_indices, table_rows, seq_lens, page_size)
 

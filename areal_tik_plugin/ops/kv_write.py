@@ -34,8 +34,10 @@ def kv_write(k_cache, v_cache, loc, k, v):
 
     Returns
     -------
-    None. The launch depends on shapes only (CUDA-graph capturable; no host sync on GPU unless
-    ``TIK_CHECK_VALUES=1``).
+    None. The launch depends on shapes only (CUDA-graph capturable). The value check 0 <= loc < slots
+    reads loc, a host sync: it runs on CPU tensors always and on CUDA tensors only with
+    ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture; an out-of-range slot on the GPU otherwise is
+    undefined behaviour.
     """
     _MEMO.once((V.sig(k_cache), V.sig(v_cache), V.sig(loc), V.sig(k), V.sig(v)), _check, k_cache, v_cache, loc, k, v)
     _check_loc(k_cache, loc)

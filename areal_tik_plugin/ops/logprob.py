@@ -57,6 +57,10 @@ def token_logprobs(logits, tokens, temperature=1.0, return_entropy=False):
     Returns
     -------
     logp fp32 Tensor (shape of tokens), or (logp, entropy); differentiable w.r.t. logits.
+
+    Value checks (0 <= tokens < V, per-row temperatures finite and > 0) read tensor values, a host sync:
+    they run on CPU tensors always and on CUDA tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-
+    graph capture (SGLang's decode is captured); a bad value on the GPU otherwise gives undefined rows.
     """
     key = (V.sig(logits), V.sig(tokens), V.sig(temperature), V.sig(return_entropy))
     _MEMO.once(key, _check, logits, tokens, temperature, return_entropy)

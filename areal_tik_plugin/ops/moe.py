@@ -181,6 +181,10 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids):
     Returns
     -------
     Tensor [T, H] in x.dtype; differentiable w.r.t. x, w_gate_up, w_down and topk_weights.
+
+    Value checks (0 <= topk_ids < E) read tensor values, a host sync: they run on CPU tensors always and
+    on CUDA tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture (SGLang's decode is
+    captured); a bad value on the GPU otherwise gives undefined rows.
     """
     key = (V.sig(x), V.sig(w_gate_up), V.sig(w_down), V.sig(topk_weights), V.sig(topk_ids))
     _MEMO_EXPERTS.once(key, _check_experts, x, w_gate_up, w_down, topk_weights, topk_ids)

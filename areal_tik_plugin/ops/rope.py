@@ -65,6 +65,10 @@ def apply_rope(q, k, positions, inv_freq, attention_scaling=1.0):
     Returns
     -------
     (q_out, k_out), new contiguous tensors (k_out None when k is None); differentiable w.r.t. q, k.
+
+    Value checks (0 <= positions < 2**24) read tensor values, a host sync: they run on CPU tensors
+    always and on CUDA tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture (SGLang's
+    decode is captured); a bad value on the GPU otherwise gives undefined rows.
     """
     key = (V.sig(q), V.sig(k), V.sig(positions), V.sig(inv_freq), type(attention_scaling), attention_scaling)
     _MEMO.once(key, _check, q, k, positions, inv_freq, attention_scaling)
@@ -122,6 +126,10 @@ def apply_rope_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache
     Returns
     -------
     q_out [T, Hq, D] contiguous; the caches are written in place.
+
+    Value checks (positions as :func:`apply_rope`, 0 <= loc < slots) read tensor values, a host sync:
+    they run on CPU tensors always and on CUDA tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-
+    graph capture (SGLang's decode is captured); a bad value on the GPU otherwise gives undefined rows.
     """
     key = (V.sig(q), V.sig(k), V.sig(v), V.sig(positions), V.sig(inv_freq), type(attention_scaling),
            attention_scaling, V.sig(k_cache), V.sig(v_cache), V.sig(loc))
