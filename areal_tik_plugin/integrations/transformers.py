@@ -192,6 +192,8 @@ class TikRotary:
 
 
 _DYNAMIC_ROPE = ("dynamic", "longrope")
+# HF computes these inv_freq / attention_scaling once from the config; ops.apply_rope applies them exactly
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
 def _rope_type(config) -> str:
@@ -648,13 +650,28 @@ def check_config(config) -> None:
     rt = _rope_type(config)
     if rt in _DYNAMIC_ROPE:
         raise NotImplementedError(f"rope_type {rt!r} is not supported (inv_freq must not depend on the length)")
+    if rt not in _STATIC_ROPE:
+        raise NotImplementedError(f"rope_type {rt!r} is not supported: expected one of {_STATIC_ROPE}")
     if "sliding_attention" in (getattr(config, "layer_types", None) or []):
         raise NotImplementedError("sliding-window attention layers (use_sliding_window) are not supported")
     hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if hd not in _HEAD_DIMS:
         raise NotImplementedError(f"head_dim {hd}: the unified attention supports {_HEAD_DIMS}")
-    if float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
-        raise NotImplementedError("partial_rotary_factor != 1 is not supported")
+    rp = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    for prf in (getattr(config, "partial_rotary_factor", None), rp.get("partial_rotary_factor") if isinstance(rp, dict) else None):
+        if float(prf or 1.0) != 1.0:
+            raise NotImplementedError(f"partial_rotary_factor {prf} (!= 1) is not supported")
+
+
+def _check_model(model, model_type: str | None = None) -> None:
+    """``model`` is a live HF model (an ``nn.Module`` with a ``config``), of ``model_type`` when given."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise TypeError(f"model: expected a Hugging Face model (a torch.nn.Module with .config), got "
+                        f"{type(model).__name__}")
+    if model_type is not None and getattr(model.config, "model_type", None) != model_type:
+        raise ValueError(f"model: expected a {model_type} model, got model_type "
+                         f"{getattr(model.config, 'model_type', None)!r} (use apply_tik_kernels_to_<its family> "
+                         f"or apply_to_model)")
 
 
 def _ops_for(model_type: str):
@@ -711,6 +728,7 @@ def apply_to_model(model):
     modules and ``lm_head`` and switches its attention implementation to :data:`TIK_ATTENTION`.
     Works after FSDP2 ``fully_shard`` as well. Returns ``model``. Undo with :func:`revert`.
     """
+    _check_model(model)
     config = model.config
     check_config(config)
     require_ops(_ops_for(config.model_type))
@@ -781,6 +799,7 @@ def _wrap_init(cls, head: bool):
 
 def _apply_classes(model_type: str, model=None):
     if model is not None:
+        _check_model(model, model_type)
         return apply_to_model(model)
     require_ops(_ops_for(model_type))
     register_attention()

@@ -780,3 +780,104 @@ def bad_input_markdown() -> str:
     for r in BAD_INPUT:
         lines.append(f"| {r.op} | {r.what} | {r.expect} |".replace("`^", "`"))
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# the transformers integration's public functions (model configs it does not implement exactly are
+# refused by name with NotImplementedError, the project's convention for unsupported model features)
+# ------------------------------------------------------------------------------------------------
+def _tiny(family="llama", **kw):
+    import transformers
+
+    cfg_cls, model_cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                          "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[family]
+    torch.manual_seed(0)
+    cfg = cfg_cls(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=97, head_dim=kw.pop("head_dim", 16), **kw)
+    model = model_cls(cfg)
+    with torch.no_grad():  # HF initialises biases to zero: random ones, so an ignored bias shows
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                m.bias.normal_(0, 0.5)
+    return model.to(BF).eval()
+
+
+def _apply(family="llama", **kw):
+    from areal_tik_plugin.integrations import transformers as T
+
+    return lambda: T.apply_to_model(_tiny(family, **kw))
+
+
+def _matches_hf(family="llama", **kw):
+    """Patched logits of 7 tokens within bf16 tolerance of HF's eager forward of the same model."""
+    def run():
+        import copy
+
+        from areal_tik_plugin.integrations import transformers as T
+
+        base = _tiny(family, **kw)
+        base.config._attn_implementation = "eager"
+        ids = torch.randint(0, 97, (1, 7), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            ref = base(ids).logits.float()
+            got = T.apply_to_model(copy.deepcopy(base))(ids).logits.float()
+        assert got.shape == ref.shape
+        assert (got - ref).abs().max() <= 0.05 * ref.abs().max() + 0.05, (got - ref).abs().max()
+        return got
+    return run
+
+
+def _integration(name):
+    from areal_tik_plugin.integrations import transformers as T
+
+    return getattr(T, name)
+
+
+NIE = NotImplementedError
+INTEGRATION_BAD_INPUT = [
+    ("apply_to_model", "None", lambda: _integration("apply_to_model")(None), R(T_, r"^model: expected a Hugging Face model")),
+    ("apply_to_model", "a string", lambda: _integration("apply_to_model")("qwen3"), R(T_, r"^model: expected a Hugging Face model")),
+    ("apply_to_model", "an nn.Module without config", lambda: _integration("apply_to_model")(torch.nn.Linear(2, 2)),
+     R(T_, r"^model: expected a Hugging Face model")),
+    ("apply_tik_kernels_to_llama", "a Qwen3 model", lambda: _integration("apply_tik_kernels_to_llama")(_tiny("qwen3")),
+     R(V_, r"^model: expected a llama model, got model_type 'qwen3'")),
+    ("apply_tik_kernels_to_qwen3", "a string", lambda: _integration("apply_tik_kernels_to_qwen3")("x"),
+     R(T_, r"^model: expected a Hugging Face model")),
+    ("apply_to_module", "an unknown model_type", lambda: _integration("apply_to_module")(torch.nn.Linear(2, 2), "qwen4"),
+     R(V_, r"^model_type 'qwen4': expected one of")),
+    ("apply_to_model", "hidden_act gelu", _apply(hidden_act="gelu"), R(NIE, r"^hidden_act 'gelu'")),
+    ("apply_to_model", "head_dim 80", _apply(head_dim=80), R(NIE, r"^head_dim 80")),
+    ("apply_to_model", "rope_type dynamic", _apply(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+     R(NIE, r"^rope_type 'dynamic' is not supported")),
+    ("apply_to_model", "rope_type longrope", _apply(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                                                  "long_factor": [1.0] * 8,
+                                                                  "original_max_position_embeddings": 64}),
+     R(NIE, r"^rope_type 'longrope' is not supported")),
+    ("apply_to_model", "partial_rotary_factor 0.5", _apply("qwen3", partial_rotary_factor=0.5),
+     R(NIE, r"^partial_rotary_factor 0.5")),
+    ("apply_to_model", "sliding-window layers", _apply("qwen3", use_sliding_window=True, sliding_window=4, max_window_layers=0),
+     R(NIE, r"^sliding-window attention")),
+    ("apply_to_model", "Llama attention_bias + mlp_bias", _matches_hf(attention_bias=True, mlp_bias=True),
+     "works: logits within bf16 tolerance of HF eager"),
+    ("apply_to_model", "tied embeddings", _matches_hf("qwen3", tie_word_embeddings=True),
+     "works: logits within bf16 tolerance of HF eager"),
+    ("apply_to_model", "rope_type linear (static scaling)", _matches_hf(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+     "works: logits within bf16 tolerance of HF eager"),
+]
+
+
+@pytest.mark.parametrize("row", INTEGRATION_BAD_INPUT, ids=[f"{r[0]}: {r[1]}" for r in INTEGRATION_BAD_INPUT])
+def test_integration_bad_input(row):
+    _, _, call, expect = row
+    if isinstance(expect, Raises):
+        with pytest.raises(expect.exc, match=expect.match):
+            call()
+    else:
+        call()
+
+
+def integration_markdown() -> str:
+    lines = ["| function | bad input | behaviour now |", "|---|---|---|"]
+    for fn, what, _, expect in INTEGRATION_BAD_INPUT:
+        lines.append(f"| {fn} | {what} | {expect} |".replace("`^", "`"))
+    return "\n".join(lines)
