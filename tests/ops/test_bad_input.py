@@ -2,7 +2,8 @@
 
 ``BAD_INPUT`` below is the table (op, bad input, expected behaviour). Each row mutates one field of a
 valid call whose shapes are drawn at random (seeded: GQA ratios, head_dim, token counts, page sizes,
-index dtypes, table sizes) and checks the behaviour on several draws:
+index dtypes, table sizes), out-of-range values at a random entry with a random size, and checks the
+behaviour on several draws:
 
 * ``Raises(Type, "pattern")``: that exception, its message matching the pattern (which names the
   argument and what was expected);
@@ -369,8 +370,17 @@ def set_entry(name, index, value):
     return f
 
 
-def _lens_of(cu):
-    return (cu[1:] - cu[:-1]).tolist()
+def rand_entry(name, value):
+    """One entry of ``a[name]``, picked at random, set to ``value(a, rng)`` (a random invalid value)."""
+    def f(a, rng):
+        t = a[name].clone()
+        t.view(-1)[rng.randrange(t.numel())] = value(a, rng)
+        return with_(a, **{name: t})
+    return f
+
+
+def neg(a, rng):
+    return -rng.randint(1, 1000)
 
 
 def _first_row(a):
@@ -463,15 +473,15 @@ BAD_INPUT = [
     Row("attention_varlen", "softmax_scale a string", put("softmax_scale", "0.1"), R(T_, r"^softmax_scale: expected a float")),
     Row("attention_varlen", "NaN in q", view("q", nan_at), NAN),
     # ---- attention_extend ------------------------------------------------------------------------
-    Row("attention_extend", "prefix_lens negative", set_entry("prefix_lens", 0, -1), R(V_, r"^prefix_lens: expected non-negative")),
+    Row("attention_extend", "prefix_lens negative", rand_entry("prefix_lens", neg), R(V_, r"^prefix_lens: expected non-negative")),
     Row("attention_extend", "prefix_lens float", to("prefix_lens", F32), R(V_, r"^prefix_lens: expected dtype")),
     Row("attention_extend", "prefix_lens one entry too many",
         view("prefix_lens", lambda t: torch.cat([t, t[:1]])), R(V_, r"^prefix_lens: expected \d+ entries")),
     Row("attention_extend", "context longer than the table row", set_entry("prefix_lens", 0, lambda a: a["kv_indices"].shape[1] * a["page_size"]),
         R(V_, r"^context length \d+ exceeds the kv_indices table width")),
-    Row("attention_extend", "table_rows beyond the table", set_entry("table_rows", 0, lambda a: a["kv_indices"].shape[0]),
+    Row("attention_extend", "table_rows beyond the table", rand_entry("table_rows", lambda a, rng: a["kv_indices"].shape[0] + rng.randint(0, 50)),
         R(V_, r"^table_rows: expected values in")),
-    Row("attention_extend", "table_rows negative", set_entry("table_rows", 0, -1), R(V_, r"^table_rows: expected values in")),
+    Row("attention_extend", "table_rows negative", rand_entry("table_rows", neg), R(V_, r"^table_rows: expected values in")),
     Row("attention_extend", "table_rows count differs from the requests", view("table_rows", lambda t: torch.cat([t, t[:1]])),
         R(V_, r"^table_rows: expected \d+ entries")),
     Row("attention_extend", "a page/slot id outside the pool",
@@ -505,10 +515,10 @@ BAD_INPUT = [
     Row("attention_extend", "q strided view", view("q", padded), SAME),
     Row("attention_extend", "NaN in q", view("q", nan_at), NAN),
     # ---- attention_decode ------------------------------------------------------------------------
-    Row("attention_decode", "seq_lens 0", set_entry("seq_lens", 0, 0), R(V_, r"^seq_lens: expected values in \[1, \d+\]")),
-    Row("attention_decode", "seq_lens negative", set_entry("seq_lens", 0, -3), R(V_, r"^seq_lens: expected values in")),
+    Row("attention_decode", "seq_lens 0", rand_entry("seq_lens", lambda a, rng: 0), R(V_, r"^seq_lens: expected values in \[1, \d+\]")),
+    Row("attention_decode", "seq_lens negative", rand_entry("seq_lens", neg), R(V_, r"^seq_lens: expected values in")),
     Row("attention_decode", "seq_lens beyond the table capacity",
-        set_entry("seq_lens", 0, lambda a: a["kv_indices"].shape[1] * a["page_size"] + 1), R(V_, r"^seq_lens: expected values in")),
+        rand_entry("seq_lens", lambda a, rng: a["kv_indices"].shape[1] * a["page_size"] + rng.randint(1, 50)), R(V_, r"^seq_lens: expected values in")),
     Row("attention_decode", "seq_lens beyond max_context_len",
         lambda a, rng: with_(a, max_context_len=int(a["seq_lens"].max()) - 1 or None),
         R(V_, r"^seq_lens: expected values in"), needs=lambda a: int(a["seq_lens"].max()) > 1),
@@ -580,8 +590,8 @@ BAD_INPUT = [
     Row("qk_rms_norm", "k_weight length differs", view("k_weight", lambda t: t[:-1]), R(V_, r"^weight: expected shape")),
     Row("qk_rms_norm", "inputs require grad (no backward)", _grad("qk"), R(V_, r"^qk_rms_norm: inputs require grad")),
     # ---- apply_rope ------------------------------------------------------------------------------
-    Row("apply_rope", "positions negative", set_entry("positions", 0, -1), R(V_, r"^positions: expected values in \[0, 16777216\)")),
-    Row("apply_rope", "positions >= 2**24 (not exact in fp32)", set_entry("positions", 0, 1 << 24),
+    Row("apply_rope", "positions negative", rand_entry("positions", neg), R(V_, r"^positions: expected values in \[0, 16777216\)")),
+    Row("apply_rope", "positions >= 2**24 (not exact in fp32)", rand_entry("positions", lambda a, rng: (1 << 24) + rng.randint(0, 1000)),
         R(V_, r"^positions: expected values in \[0, 16777216\)")),
     Row("apply_rope", "positions float", to("positions", F32), R(V_, r"^positions: expected dtype")),
     Row("apply_rope", "positions count differs", view("positions", lambda t: torch.cat([t, t[:1]])), R(V_, r"^positions: expected \d+ entries")),
@@ -604,13 +614,13 @@ BAD_INPUT = [
     Row("apply_rope", "zero tokens", lambda a, rng: with_(a, q=a["q"][:0], k=None, positions=a["positions"][:0]), WORKS),
     Row("apply_rope", "NaN in q", view("q", nan_at), NAN),
     Row("apply_rope_kv_write", "k None", put("k", None), R(V_, r"^k: expected a tensor")),
-    Row("apply_rope_kv_write", "loc beyond the pool", set_entry("loc", 0, lambda a: a["k_cache"].shape[0]), R(V_, r"^loc: expected slots in")),
-    Row("apply_rope_kv_write", "loc negative", set_entry("loc", 0, -1), R(V_, r"^loc: expected slots in")),
+    Row("apply_rope_kv_write", "loc beyond the pool", rand_entry("loc", lambda a, rng: a["k_cache"].shape[0] + rng.randint(0, 100)), R(V_, r"^loc: expected slots in")),
+    Row("apply_rope_kv_write", "loc negative", rand_entry("loc", neg), R(V_, r"^loc: expected slots in")),
     Row("apply_rope_kv_write", "loc float", to("loc", F32), R(V_, r"^loc: expected dtype")),
     Row("apply_rope_kv_write", "caches in another dtype than k", lambda a, rng: with_(a, k_cache=a["k_cache"].double(), v_cache=a["v_cache"].double()),
         R(V_, r"^k_cache: expected dtype")),
     Row("apply_rope_kv_write", "v heads differ from k", view("v", lambda t: torch.cat([t, t], 1)), R(V_, r"^v: expected shape")),
-    Row("apply_rope_kv_write", "positions negative", set_entry("positions", 0, -1), R(V_, r"^positions: expected values in")),
+    Row("apply_rope_kv_write", "positions negative", rand_entry("positions", neg), R(V_, r"^positions: expected values in")),
     Row("apply_rope_kv_write", "inputs require grad (no backward)", _grad("q"), R(V_, r"^apply_rope_kv_write: inputs require grad")),
     # ---- swiglu ----------------------------------------------------------------------------------
     Row("swiglu", "up shape differs (no broadcasting)", view("up", lambda t: t[:1].expand(t.shape[0] + 1, -1)), R(V_, r"^up: expected shape")),
@@ -659,9 +669,9 @@ BAD_INPUT = [
     Row("moe_route", "router_logits 1-D", view("router_logits", lambda t: t[0]), R(V_, r"^router_logits: expected a 2-D")),
     Row("moe_route", "router_logits int", to("router_logits", torch.int32), R(V_, r"^router_logits: expected dtype")),
     Row("moe_route", "NaN in router_logits", view("router_logits", nan_at), NAN),
-    Row("moe_experts", "an expert id beyond E", set_entry("topk_ids", (0, 0), lambda a: a["w_gate_up"].shape[0]),
+    Row("moe_experts", "an expert id beyond E", rand_entry("topk_ids", lambda a, rng: a["w_gate_up"].shape[0] + rng.randint(0, 10)),
         R(V_, r"^topk_ids: expected expert ids in")),
-    Row("moe_experts", "a negative expert id", set_entry("topk_ids", (0, 0), -1), R(V_, r"^topk_ids: expected expert ids in")),
+    Row("moe_experts", "a negative expert id", rand_entry("topk_ids", neg), R(V_, r"^topk_ids: expected expert ids in")),
     Row("moe_experts", "topk_ids float", to("topk_ids", F32), R(V_, r"^topk_ids: expected dtype")),
     Row("moe_experts", "topk_ids rows differ from x", view("topk_ids", lambda t: torch.cat([t, t[:1]])), R(V_, r"^topk_ids / topk_weights: expected shape")),
     Row("moe_experts", "topk_weights bf16", to("topk_weights", BF), R(V_, r"^topk_weights: expected dtype")),
@@ -677,8 +687,8 @@ BAD_INPUT = [
     Row("moe_block", "router_weight H differs from x", view("router_weight", lambda t: t[:, :-1]), R(V_, r"^router_weight: expected shape")),
     Row("moe_block", "top_k beyond the experts", put("top_k", 99), R(V_, r"^top_k: expected 1 <= top_k")),
     # ---- kv_write --------------------------------------------------------------------------------
-    Row("kv_write", "loc beyond the pool", set_entry("loc", 0, lambda a: a["k_cache"].shape[0]), R(V_, r"^loc: expected slots in")),
-    Row("kv_write", "loc negative", set_entry("loc", 0, -1), R(V_, r"^loc: expected slots in")),
+    Row("kv_write", "loc beyond the pool", rand_entry("loc", lambda a, rng: a["k_cache"].shape[0] + rng.randint(0, 100)), R(V_, r"^loc: expected slots in")),
+    Row("kv_write", "loc negative", rand_entry("loc", neg), R(V_, r"^loc: expected slots in")),
     Row("kv_write", "loc float", to("loc", F32), R(V_, r"^loc: expected dtype")),
     Row("kv_write", "loc int16", to("loc", torch.int16), R(V_, r"^loc: expected dtype")),
     Row("kv_write", "loc 2-D", view("loc", lambda t: t[None]), R(V_, r"^loc: expected a 1-D")),
@@ -696,9 +706,9 @@ BAD_INPUT = [
     Row("kv_write", "k strided view", lambda a, rng: with_(a, k=padded(a["k"]), v=padded(a["v"])), SAME),
     Row("kv_write", "zero tokens", lambda a, rng: with_(a, k=a["k"][:0], v=a["v"][:0], loc=a["loc"][:0]), WORKS),
     # ---- token_logprobs --------------------------------------------------------------------------
-    Row("token_logprobs", "a token id beyond V", set_entry("tokens", lambda t: (0,) * t.dim(), lambda a: a["logits"].shape[-1]),
+    Row("token_logprobs", "a token id beyond V", rand_entry("tokens", lambda a, rng: a["logits"].shape[-1] + rng.randint(0, 1000)),
         R(V_, r"^tokens: expected values in \[0, \d+\)")),
-    Row("token_logprobs", "a negative token id", set_entry("tokens", lambda t: (0,) * t.dim(), -1), R(V_, r"^tokens: expected values in")),
+    Row("token_logprobs", "a negative token id", rand_entry("tokens", neg), R(V_, r"^tokens: expected values in")),
     Row("token_logprobs", "tokens float", to("tokens", F32), R(V_, r"^tokens: expected dtype")),
     Row("token_logprobs", "tokens shape differs", view("tokens", lambda t: t[..., :-1] if t.shape[-1] > 1 else t[None]),
         R(V_, r"^tokens: expected shape")),
