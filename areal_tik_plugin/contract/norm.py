@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin.runtime import loader
-from areal_tik_plugin.contract._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, check_native, check_native_autograd, native_host_row, copy_of, graph_vs_eager,
-                                          liger, rand, ratio, rel_l2, row_slices, shuffled_rows, streamed, tbps,
-                                          timed)
+from areal_tik_plugin.contract._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, check_native,
+                                               check_native_autograd, native_host_row, copy_of, graph_vs_eager,
+                                               rand, rel_l2, row_slices, shuffled_rows, streamed, tbps)
 from areal_tik_plugin.contract import baselines as B
 from areal_tik_plugin.ops import qk_rms_norm, rms_norm, rms_norm_residual
 

@@ -101,3 +101,19 @@ def test_try_compiled_reports_why_instead_of_raising(monkeypatch):
         B.call_or_raise(e)
     assert isinstance(B.try_compiled(None, "Qwen3RMSNorm"), B.Unavailable)
     assert B.call_or_raise(math.sqrt) is math.sqrt
+
+
+def test_fi_page_table_covers_every_token_once_in_random_page_order():
+    import torch
+
+    from areal_tik_plugin.contract.attention import fi_page_table
+
+    lens = [1, 16, 17, 300, 5]
+    indptr, indices, last = fi_page_table(lens, 16)
+    assert indptr.tolist() == [0, 1, 2, 4, 23, 24] and last.tolist() == [1, 16, 1, 12, 5]
+    assert sorted(indices.tolist()) == list(range(24)) and indices.tolist() != list(range(24))
+    assert indptr.dtype == indices.dtype == last.dtype == torch.int32
+    i1, x1, l1 = fi_page_table(lens, 1)
+    assert i1[-1].item() == sum(lens) and set(l1.tolist()) == {1}
+    with pytest.raises(ValueError, match="page_size"):
+        fi_page_table([0, 3], 16)
