@@ -406,7 +406,7 @@ def _fi_prefill_backends():
 def _fi_ragged_prefill(backend, q, k, v, lens, Hq, Hkv, D):
     """Factory: FlashInfer's ragged causal prefill (SGLang's extend without a cached prefix) over
     q/k/v [sum(lens), H, D], planned once outside the timed call."""
-    fi = B.flashinfer()
+    fi = B.flashinfer(f"prefill_{backend}")
     cu = _cu(lens)
     w = fi.BatchPrefillWithRaggedKVCacheWrapper(_fi_ws(), "NHD", backend=backend)
     w.plan(cu, cu, Hq, Hkv, D, causal=True, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
@@ -431,7 +431,7 @@ def fi_page_table(lens, page_size, seed=0):
 def _fi_decode(q, lens, page_size, tensor_cores, Hkv, D):
     """Factory: FlashInfer's paged decode wrapper in its CUDA-graph mode (fixed index buffers, planned
     once), over a random paged cache [pages, 2, page_size, Hkv, D] (NHD)."""
-    fi = B.flashinfer()
+    fi = B.flashinfer("prefill_fa2" if tensor_cores else "decode")
     indptr, indices, last = (t.to(DEV) for t in fi_page_table(lens, page_size))
     cache = torch.randn(int(indices.numel()), 2, page_size, Hkv, D, device=DEV, dtype=torch.bfloat16)
     w = fi.BatchDecodeWithPagedKVCacheWrapper(

@@ -89,8 +89,23 @@ def _import(family: str, modname: str, need_cuda: bool = True):
     return mod
 
 
-def flashinfer():
-    return _import("flashinfer", "flashinfer")
+def flashinfer(job: str | None = None):
+    """The flashinfer module; ``job``: the benchmarks/flashinfer_prebuild job that JIT-builds the kernels
+    the caller needs -- listed in ``TIK_FI_FAILED`` (the prebuild failed or timed out) it is Unavailable,
+    so that no timed run compiles a kernel."""
+    mod = _import("flashinfer", "flashinfer")
+    failed = {s.strip() for s in os.environ.get("TIK_FI_FAILED", "").split(",") if s.strip()}
+    if job is not None and job in failed:
+        raise Unavailable(f"flashinfer {job}: JIT build failed or timed out in benchmarks/flashinfer_prebuild "
+                          "(TIK_FI_FAILED; see fi_prebuild.json)")
+    return mod
+
+
+def flashinfer_or_none():
+    try:
+        return flashinfer()
+    except Unavailable:
+        return None
 
 
 def liger():

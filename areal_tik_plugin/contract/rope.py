@@ -278,11 +278,11 @@ def run_bench(rec, quick: bool = False) -> None:
             qf, kf = q.reshape(T, hq * d).clone(), k.reshape(T, hkv * d).clone()  # in place: own buffers
 
             def fi_cache():
-                fi = B.flashinfer()
+                fi = B.flashinfer("rowops")
                 return lambda: fi.rope.apply_rope_with_cos_sin_cache_inplace(pos, qf, kf, d, cache, is_neox=True)
 
             def fi_pos_ids():
-                fi = B.flashinfer()
+                fi = B.flashinfer("rowops")
                 return lambda: fi.rope.apply_rope_pos_ids(q, k, pos32, rope_theta=theta)
 
             def liger_call():

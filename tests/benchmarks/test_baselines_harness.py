@@ -1,0 +1,61 @@
+"""The baselines run's harness on CPU: the step script's structure, the prebuild's failure keys, the
+table over a synthetic evidence folder."""
+
+import json
+import os
+import subprocess
+import sys
+
+from areal_tik_plugin.contract import baselines as B
+from areal_tik_plugin.contract.suite import Recorder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_table_reports_strongest_skips_and_context_apart(tmp_path):
+    from benchmarks import baselines_table
+
+    rec = Recorder("rmsnorm")
+    timer = lambda r, label, fn, graph: {"cold_us": {"ours": 2.0, "fi": 3.0, "eager_hf": 9.0}[label.split("/")[1]],  # noqa: E731
+                                         "graph_us": 1.0}
+    B.collect(rec, "rmsnorm", {"liger": lambda: (_ for _ in ()).throw(B.Unavailable("liger: not installed"))})
+    rows = [B.compare(rec, "r", None, {"fi": None}, {"eager_hf": None}, timer=timer)]
+    B.summarize(rec, rows)
+    (tmp_path / "a.json").write_text(json.dumps({"ops": {"rmsnorm": rec.to_json()}}))
+    (tmp_path / "p.json").write_text(json.dumps({"jobs": {}, "failed": ["prefill_fa3"], "seconds": 3}))
+    lines = "\n".join(baselines_table.contract_lines(json.loads((tmp_path / "a.json").read_text())))
+    assert "cold 1.500" in lines and "strongest cold: fi x1" in lines
+    assert "skipped liger: liger: not installed" in lines and "eager_hf" not in lines.split("skipped")[0]
+    r = subprocess.run([sys.executable, "-m", "benchmarks.baselines_table", str(tmp_path)], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert "failed: prefill_fa3" in r.stdout
+
+
+def test_prebuild_failed_keys():
+    from benchmarks.flashinfer_prebuild import JOBS, failed_keys
+
+    res = {"jobs": {"rowops": {"ok": True}, "prefill_fa3": {"ok": False, "error": "timed out"}, "decode": {}}}
+    assert failed_keys(res) == ["decode", "prefill_fa3"]
+    assert set(JOBS) == {"rowops", "decode", "prefill_fa2", "prefill_fa3"}
+
+
+def test_flashinfer_job_listed_as_failed_is_unavailable(monkeypatch):
+    import pytest
+
+    monkeypatch.setenv("TIK_FI_FAILED", "prefill_fa3")
+    monkeypatch.setitem(B._MODS, "flashinfer", (object(), None))  # as if importable
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert B.flashinfer("rowops") is B._MODS["flashinfer"][0]
+    with pytest.raises(B.Unavailable, match="prefill_fa3: JIT build failed"):
+        B.flashinfer("prefill_fa3")
+
+
+def test_gpu_script_parses_and_names_every_step():
+    path = os.path.join(ROOT, "benchmarks", "gpu_baselines.sh")
+    assert subprocess.run(["bash", "-n", path]).returncode == 0
+    text = open(path).read()
+    for piece in ("flashinfer_prebuild", "--ops \"$s\" --no-checks", "--ops attention --no-checks",
+                  "benchmarks.layer_bench", "00-baselines.tgz", "TIK_DEADLINE_S", "baselines_table", "TIK_FI_FAILED"):
+        assert piece in text, piece
