@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tik-out}
 mkdir -p "$OUT/w"
 W=$OUT/w
-for d in .whl .whl-areal; do
+for d in .whl .whl-areal .whl-fi; do
   if ls $d/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $d/*.whl \
       >>"$W/pip.log" 2>&1 || { tail -20 "$W/pip.log"; exit 1; }
@@ -40,7 +40,8 @@ for step in "$@"; do
   case $step in
     sglang)
       # TIK_SGL_TINY=1: a tiny eager run first (a failure shows in ~1 min); then the qwen3-4b-shaped proof
-      # (TIK_SGL_BASELINES: stock backends timed on the same workload; TIK_SGL_EAGER=1: no CUDA graphs;
+      # (TIK_SGL_BASELINES: stock backends timed on the same jobs, default flashinfer with FlashInfer-served
+      # fused ops -- carry .whl-fi too; TIK_SGL_REPEAT: greedy jobs, median of the last - 1; TIK_SGL_EAGER=1: no CUDA graphs;
       # TIK_SGL_SHAPE=qwen3-30b-a3b: the Qwen3-MoE model path, TIK_SGL_MOE_LAYERS layers, default 4)
       r=0
       if [ "${TIK_SGL_TINY:-1}" = 1 ]; then
@@ -51,8 +52,8 @@ for step in "$@"; do
       if [ $r -eq 0 ] || [ $r -eq 3 ]; then
         eager=; [ "${TIK_SGL_EAGER:-0}" = 1 ] && eager="--engine-arg disable_cuda_graph=true"
         timeout "${TIK_SGL_LIMIT:-390}" python3 -m benchmarks.sglang_gpu_proof --out "$W" --stub-sgl-kernel \
-          --shape "${TIK_SGL_SHAPE:-qwen3-4b}" --batch "${TIK_SGL_BATCH:-32}" --new "${TIK_SGL_NEW:-128}" --baselines "${TIK_SGL_BASELINES-triton,torch_native}" \
-          --repeat "${TIK_SGL_REPEAT:-3}" --timeout $(( ${TIK_SGL_LIMIT:-390} - 20 )) $eager >"$W/sglang.log" 2>&1 || rc=1
+          --shape "${TIK_SGL_SHAPE:-qwen3-4b}" --batch "${TIK_SGL_BATCH:-32}" --new "${TIK_SGL_NEW:-128}" --baselines "${TIK_SGL_BASELINES-flashinfer}" \
+          --repeat "${TIK_SGL_REPEAT:-6}" --timeout $(( ${TIK_SGL_LIMIT:-390} - 20 )) $eager >"$W/sglang.log" 2>&1 || rc=1
         grep -E "Error|error:|Traceback" "$W/sglang.log" | head -8; tail -6 "$W/sglang.log"
       else
         rc=1; grep -E "Error|error:|Traceback|stub" "$W/sglang-tiny.log" | tail -12
