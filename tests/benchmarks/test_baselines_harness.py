@@ -59,3 +59,12 @@ def test_gpu_script_parses_and_names_every_step():
     for piece in ("flashinfer_prebuild", "--ops \"$s\" --no-checks", "--ops attention --no-checks",
                   "benchmarks.layer_bench", "00-baselines.tgz", "TIK_DEADLINE_S", "baselines_table", "TIK_FI_FAILED"):
         assert piece in text, piece
+
+
+def test_e2e_step_uses_the_e2e_cell_and_falls_through_to_the_gsm8k_runner():
+    path = os.path.join(ROOT, "benchmarks", "gpu_integrations.sh")
+    assert subprocess.run(["bash", "-n", path]).returncode == 0
+    text = open(path).read()
+    e2e = text[text.index("    gsm8k-e2e)"):text.index("    gsm8k)")]
+    assert "gpu-e2e-qwen3" in e2e and "TIK_E2E_ATTN_IMPL" in e2e and e2e.rstrip().endswith(";&")
+    assert ".whl-fi" in text and "cli compare $runs" in text
