@@ -59,7 +59,7 @@ step() {  # step NAME CAP CMD...: run under a timeout of min(CAP, what is left),
 fi_pid=
 if python3 -c "import flashinfer" 2>/dev/null && [[ ",${TIK_BASELINES_OFF}," != *",flashinfer,"* ]]; then
   fi_t=${TIK_FI_PREBUILD_S:-240}
-  python3 -m benchmarks.flashinfer_prebuild --out "$W/fi_prebuild.json" --timeout "$fi_t" --jobs 12 >"$W/fi_prebuild.log" 2>&1 &
+  python3 -m benchmarks.flashinfer_prebuild --out "$W/fi_prebuild.json" --timeout "$fi_t" --jobs 14 >"$W/fi_prebuild.log" 2>&1 &
   fi_pid=$!
   [ "${TIK_FI_PARALLEL:-1}" = 0 ] && { wait $fi_pid; fi_pid=; }
 else

@@ -37,6 +37,10 @@ def test_prebuild_failed_keys():
     res = {"jobs": {"rowops": {"ok": True}, "prefill_fa3": {"ok": False, "error": "timed out"}, "decode": {}}}
     assert failed_keys(res) == ["decode", "prefill_fa3"]
     assert set(JOBS) == {"rowops", "decode", "prefill_fa2", "prefill_fa3"}
+    from benchmarks.flashinfer_prebuild import max_jobs
+
+    assert max_jobs(list(JOBS), 18) == {"rowops": 2, "decode": 2, "prefill_fa2": 6, "prefill_fa3": 8}
+    assert max_jobs(["rowops"], 4) == {"rowops": 4}
 
 
 def test_flashinfer_job_listed_as_failed_is_unavailable(monkeypatch):
