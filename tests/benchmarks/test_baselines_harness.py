@@ -72,3 +72,19 @@ def test_e2e_step_uses_the_e2e_cell_and_falls_through_to_the_gsm8k_runner():
     e2e = text[text.index("    gsm8k-e2e)"):text.index("    gsm8k)")]
     assert "gpu-e2e-qwen3" in e2e and "TIK_E2E_ATTN_IMPL" in e2e and e2e.rstrip().endswith(";&")
     assert ".whl-fi" in text and "cli compare $runs" in text
+
+
+def test_prebuild_orchestration_records_each_job(tmp_path):
+    """On a machine without a GPU every job reports its failure (reason kept) and lands in ``failed``."""
+    out = tmp_path / "fi.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.flashinfer_prebuild", "--out", str(out), "--only",
+                        "rowops,decode", "--timeout", "120", "--jobs", "2"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=200)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["failed"] == ["decode", "rowops"] and res["max_jobs"] == {"rowops": 1, "decode": 1}
+    import torch
+
+    if not torch.cuda.is_available():
+        err = res["jobs"]["rowops"]["modules"]["norm"]["error"]
+        assert "Unavailable" in err and ("no CUDA GPU" in err or "not importable" in err), err
