@@ -22,12 +22,23 @@ def _recv(like, src):
     return buf.view(like.dtype)
 
 
-def run(rank: int, world: int, port: int, mode: str, name: str, lens: list, out_dir: str) -> None:
+def run(rank: int, world: int, port: int, jobs: list, lens: list, out_dir: str) -> None:
+    """``jobs``: [(mode "pp" | "ep", model name)], run in order in this process (one start-up)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     from areal_tik_plugin._interp import ensure_interpreter_if_no_gpu
 
     ensure_interpreter_if_no_gpu()
+    import torch
+    from megatron.core import parallel_state as ps
+
+    for mode, name in jobs:
+        _one(rank, mode, name, lens, out_dir)
+        ps.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
+
+
+def _one(rank: int, mode: str, name: str, lens: list, out_dir: str) -> None:
     import torch
 
     from areal_tik_plugin import verify as V
@@ -67,5 +78,4 @@ def run(rank: int, world: int, port: int, mode: str, name: str, lens: list, out_
             _send(inp.grad, 0)
     grads = {k: prm.grad for k, prm in model.named_parameters() if prm.grad is not None}
     torch.save({"logits": None if logits is None else logits.detach()[0], "grads": grads, "layer_offset": off},
-               os.path.join(out_dir, f"rank{rank}.pt"))
-    torch.distributed.destroy_process_group()
+               os.path.join(out_dir, f"{mode}_rank{rank}.pt"))

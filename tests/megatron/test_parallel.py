@@ -30,14 +30,18 @@ def _port():
         return s.getsockname()[1]
 
 
-def _spawn(mode, name, tmp_path):
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Both set-ups in one pair of spawned processes (start-up dominates the cost)."""
     import torch.multiprocessing as mp
 
     from tests.megatron import _parallel_worker as W
 
-    mp.start_processes(W.run, args=(2, _port(), mode, name, LENS, str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
-    return [torch.load(os.path.join(tmp_path, f"rank{r}.pt")) for r in range(2)]
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # spawned ranks inherit it
+    d = str(tmp_path_factory.mktemp("parallel"))
+    jobs = [("pp", "tiny-qwen3"), ("ep", "tiny-qwen3-moe")]
+    mp.start_processes(W.run, args=(2, _port(), jobs, LENS, d), nprocs=2, join=True, start_method="spawn")
+    return {m: [torch.load(os.path.join(d, f"{m}_rank{r}.pt")) for r in range(2)] for m, _ in jobs}
 
 
 def _reference(name):
@@ -56,14 +60,9 @@ def _reference(name):
     return lg.detach(), C.mcore_to_hf([({k: p.grad for k, p in mg.named_parameters()}, 0)], hf.config)
 
 
-@pytest.fixture(scope="module")
-def env():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # spawned ranks inherit it
-
-
-def test_pipeline_parallel_2_same_bits_as_1(env, tmp_path):
+def test_pipeline_parallel_2_same_bits_as_1(ranks):
     ref_logits, ref_grads = _reference("tiny-qwen3")
-    r0, r1 = _spawn("pp", "tiny-qwen3", tmp_path)
+    r0, r1 = ranks["pp"]
     from areal_tik_plugin.integrations.megatron import convert as C
 
     assert r0["layer_offset"] == 0 and r1["layer_offset"] == 1
@@ -74,11 +73,11 @@ def test_pipeline_parallel_2_same_bits_as_1(env, tmp_path):
         assert bits_equal(got[k], g), k
 
 
-def test_expert_parallel_2_same_bits_as_1(env, tmp_path):
+def test_expert_parallel_2_same_bits_as_1(ranks):
     ref_logits, ref_grads = _reference("tiny-qwen3-moe")
     from areal_tik_plugin.integrations.megatron import convert as C
 
-    r0, r1 = _spawn("ep", "tiny-qwen3-moe", tmp_path)
+    r0, r1 = ranks["ep"]
     for r in (r0, r1):
         assert bits_equal(r["logits"], ref_logits)
     g0, g1 = r0["grads"], r1["grads"]
