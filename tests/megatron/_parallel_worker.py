@@ -26,7 +26,7 @@ def run(rank: int, world: int, port: int, jobs: list, lens: list, out_dir: str) 
     """``jobs``: [(mode "pp" | "ep", model name)], run in order in this process (one start-up)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
-    from areal_tik_plugin._interp import ensure_interpreter_if_no_gpu
+    from areal_tik_plugin.runtime.interp import ensure_interpreter_if_no_gpu
 
     ensure_interpreter_if_no_gpu()
     import torch

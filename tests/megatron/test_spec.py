@@ -74,7 +74,7 @@ def test_training_step_gradients_match_fp32_reference(models):
     from areal_tik_plugin import verify as V
     from areal_tik_plugin.integrations.megatron import convert as C
     from areal_tik_plugin.integrations.megatron.verify import megatron_packed_logits
-    from tests.tolerances import GRAD_REL_TOL
+    from tests.helpers.tolerances import GRAD_REL_TOL
 
     hf, mg = models
     xs = seqs(hf.config.vocab_size, LENS, 6)

@@ -71,6 +71,8 @@ class TikConfig:
     stats_jsonl: str = ""
     # testing: perturb one rollout log-prob by one ulp at this train step (-1 = never)
     plant_drift_step: int = -1
+    # kernel implementation: a name under kernels/ or a folder (e.g. a `tik search export`); "" = default
+    implementation: str = ""
     # set by apply() from actor.backend: which engine's hooks the workers install (fsdp | megatron)
     actor_engine: str = "fsdp"
 
@@ -92,6 +94,21 @@ class TikConfig:
         self.verified_rollout_tp = [int(x) for x in self.verified_rollout_tp]
         if isinstance(self.sglang_extra_args, str):
             self.sglang_extra_args = self.sglang_extra_args.split()
+        if self.implementation:
+            from areal_tik_plugin.runtime import loader
+
+            try:  # resolves, checks the manifest hash and (search exports) the evidence for this device
+                self.implementation = loader.load_implementation(loader.resolve_path(str(self.implementation))).path
+            except loader.ImplementationError as e:
+                raise TikConfigError(f"tik.implementation: {e}") from None
+
+    def select_implementation(self) -> None:
+        """Make ``tik.implementation`` the kernels of this process and of the processes it starts."""
+        if self.implementation:
+            from areal_tik_plugin.runtime import loader
+
+            os.environ["TIK_IMPLEMENTATION"] = self.implementation
+            loader.set_implementation(self.implementation)
 
     # -- (de)serialisation: an env var every AReaL worker inherits -----------------------------
     def to_env(self) -> str:

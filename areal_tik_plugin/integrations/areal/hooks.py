@@ -55,6 +55,7 @@ def replace_everywhere(orig, new, prefix: str = "areal") -> int:
 # -- worker side ---------------------------------------------------------------------------------
 def install_worker(tik: TikConfig, plan: Plan | None = None) -> None:
     _STATE["tik"], _STATE["plan"] = tik, plan or _STATE["plan"]
+    tik.select_implementation()
     if tik.local_host:
         _pin_local_host()
     _patch_sglang_backend(tik)
@@ -223,6 +224,7 @@ class _Throughput:
 def install_controller(tik: TikConfig, plan: Plan | None, meta: dict | None = None) -> None:
     _STATE["tik"], _STATE["plan"] = tik, plan
     _STATE["meta"] = meta or {}
+    tik.select_implementation()  # SGLang servers the controller starts inherit TIK_IMPLEMENTATION
     if tik.local_host:
         _pin_local_host()
     if "controller" in _DONE:

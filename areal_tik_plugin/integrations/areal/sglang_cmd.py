@@ -6,10 +6,10 @@ arguments for SGLang 0.5.10; with the installed SGLang (0.5.23) its wrapper brea
 (``run_scheduler_process`` changed) and five of its keys are unknown. The plugin instead runs
 ``python -m sglang.launch_server`` (the ``tik`` plugin is loaded by SGLang's ``sglang.srt.plugins``
 entry point in every SGLang process) -- or, for an SGLang without a plugin system,
-``python -m areal_tik_plugin.integrations.sglang_launch`` -- and passes only the arguments the
+``python -m areal_tik_plugin.integrations.sglang.launch`` -- and passes only the arguments the
 installed ``ServerArgs`` knows. Plugin on: ``--attention-backend tik``.
 
-On CUDA without a real ``sgl_kernel`` (the GPU box: ``integrations/_gpu_stubs/sgl_kernel`` stands in,
+On CUDA without a real ``sgl_kernel`` (the GPU box: ``devenv/gpu_stubs/sgl_kernel`` stands in,
 raising on any call) the command is set up as ``sglang_gpu_proof`` runs its engines: sampling
 ``pytorch`` and grammar ``none`` (their defaults need flashinfer / xgrammar kernels); plugin off
 (baseline), AReaL's ``fa3`` (sgl-kernel's FlashAttention) becomes ``triton`` and SGLang's fused
@@ -69,7 +69,7 @@ def resolve_device(tik: TikConfig) -> str:
 
 def real_sgl_kernel() -> bool:
     """True when an installed ``sgl_kernel`` (SGLang's CUDA kernel wheel) is importable; False when it
-    is absent or is the plugin's import-only stand-in (``integrations/_gpu_stubs/sgl_kernel``)."""
+    is absent or is the plugin's import-only stand-in (``devenv/gpu_stubs/sgl_kernel``)."""
     import importlib.util
 
     try:
@@ -78,8 +78,10 @@ def real_sgl_kernel() -> bool:
         return False
     if spec is None or not spec.origin:
         return False
-    stubs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_gpu_stubs")
-    return not os.path.abspath(spec.origin).startswith(stubs + os.sep)
+    from areal_tik_plugin.runtime.source_checkout import devenv_dir
+
+    stubs = devenv_dir("gpu_stubs")
+    return stubs is None or not os.path.abspath(spec.origin).startswith(stubs + os.sep)
 
 
 def to_flags(args: dict) -> list[str]:
@@ -135,7 +137,7 @@ def build_command(server_args: dict, tik: TikConfig, python: str | None = None) 
         env.setdefault("SGLANG_PLUGINS", "tik")
     dropped = sorted(k for k in args if k not in known)
     args = {k: v for k, v in args.items() if k in known}
-    module = "sglang.launch_server" if has_plugin_system() else "areal_tik_plugin.integrations.sglang_launch"
+    module = "sglang.launch_server" if has_plugin_system() else "areal_tik_plugin.integrations.sglang.launch"
     cmd = [python or sys.executable, "-m", module, *to_flags(args), *tik.sglang_extra_args]
     if device == "cpu":  # the Triton kernels run under the interpreter; set before triton imports
         env.setdefault("TRITON_INTERPRET", "1")
