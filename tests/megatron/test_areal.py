@@ -4,9 +4,9 @@ checkpoints; AReaL's Megatron engine module runs its log-prob code on the plugin
 
 What does not run on CPU (and is not faked here): ``MegatronEngine.initialize()`` -- it calls
 ``current_platform.set_device(LOCAL_RANK)`` and builds the model through ``mbridge.Bridge.get_model``,
-which moves every chunk to ``torch.cuda.current_device()``; the optimizer and the training schedule
-also hard-code CUDA. The model creation inside it is the patched ``LLMBridge._model_provider``,
-which the mbridge test below calls directly.
+which moves every chunk to ``torch.cuda.current_device()``. The model creation inside it is the
+patched ``LLMBridge._model_provider``, which the mbridge test below calls directly; the training
+schedules run in test_spec.py / test_parallel.py.
 """
 
 from __future__ import annotations

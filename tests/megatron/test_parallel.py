@@ -2,9 +2,9 @@
 one-process model: logits and every parameter gradient of a training step.
 
 Pipeline: each stage is a GPTModel built by the plugin (``pre_process`` / ``post_process`` per stage,
-layers by megatron-core's offsets); the activation and its gradient travel with ``dist.send`` /
-``dist.recv`` because megatron-core's pipeline schedules allocate their p2p buffers on
-``torch.cuda.current_device()`` (no CPU path). Expert parallel: each rank holds half the experts
+layers by megatron-core's offsets), trained through megatron-core's own pipeline schedule (1F1B,
+p2p over gloo); CPU shims in the ranks only: ``torch.cuda.current_device`` -> "cpu" (p2p buffers),
+``torch.cuda.synchronize`` a no-op, ``device="cuda"`` factory arguments -> cpu (token counters). Expert parallel: each rank holds half the experts
 (``weight{j}`` = expert ``rank * E/2 + j``) and both run the same tokens, so an expert's gradient is
 exactly twice the one-process gradient (the all-gather's backward sums the two ranks').
 """
