@@ -76,5 +76,7 @@ def _one(rank: int, mode: str, name: str, lens: list, out_dir: str) -> None:
         logits = model(ids, pos, None, packed_seq_params=p)
         loss_of(logits[0]).backward()
     grads = {k: prm.grad for k, prm in model.named_parameters() if prm.grad is not None}
-    torch.save({"logits": None if logits is None else logits.detach()[0], "grads": grads, "layer_offset": off},
+    ckpt = {k: (v.key, v.replica_id) for k, v in model.sharded_state_dict().items() if hasattr(v, "key")}
+    torch.save({"logits": None if logits is None else logits.detach()[0], "grads": grads, "layer_offset": off,
+                "ckpt_keys": ckpt},
                os.path.join(out_dir, f"{mode}_rank{rank}.pt"))

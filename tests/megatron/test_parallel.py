@@ -91,3 +91,9 @@ def test_expert_parallel_2_same_bits_as_1(ranks):
     for k in g0:
         if ".mlp.experts." not in k:
             assert bits_equal(g1[k], g0[k]), k
+    # distributed checkpoint: expert entries keyed by the global expert id, disjoint across EP ranks
+    e0 = {key for key, _ in r0["ckpt_keys"].values() if ".experts." in key}
+    e1 = {key for key, _ in r1["ckpt_keys"].values() if ".experts." in key}
+    # (the layer index is megatron-core's prepended offset axis, not part of the key)
+    assert not e0 & e1 and len(e0) == len(e1) == 2 * 4 and len(e0 | e1) == 2 * 8  # fc1 + fc2, 8 experts
+    assert "decoder.layers.mlp.experts.linear_fc1.weight7" in e1
