@@ -56,6 +56,9 @@ def environment() -> dict[str, Any]:
             ).stdout.strip()
         except Exception:
             env["driver"] = None
+    from areal_tik_plugin.contract.baselines import versions
+
+    env["versions"] = versions()  # the baselines' stack (FlashInfer, Liger, AReaL, SGLang, cuDNN, ...)
     return env
 
 

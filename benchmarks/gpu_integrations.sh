@@ -5,7 +5,7 @@
 #   python -m devenv.areal_gpu_wheels .whl-areal   # areal 1.0.4 + light deps, liger-kernel
 # Usage (device call, carry [".whl", ".whl-areal"]):
 #   bash benchmarks/gpu_integrations.sh STEP [STEP...]
-# STEPs: sglang | sglang-ab | sglang-profile | liger | recompute | verify-full | layer-bench | gemm-sweep | ops-quick | host | search | gsm8k | areal-bits
+# STEPs: sglang | sglang-ab | sglang-profile | liger | recompute | verify-full | layer-bench | gemm-sweep | ops-quick | host | search | gsm8k | gsm8k-e2e | areal-bits
 # (ops-quick: contract checks + --quick benchmark grid of TIK_OPS (comma list), a probe, not the evidence call)
 # (search: TIK_DEADLINE_S caps its budget so that TIK_SEARCH_RESERVE_S seconds remain for later steps)
 # (gsm8k: kind nvidia-h200-x2, wheels built with `devenv.areal_gpu_wheels .whl-areal --trainer`;
@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tik-out}
 mkdir -p "$OUT/w"
 W=$OUT/w
-for d in .whl .whl-areal; do
+for d in .whl .whl-areal .whl-fi; do
   if ls $d/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $d/*.whl \
       >>"$W/pip.log" 2>&1 || { tail -20 "$W/pip.log"; exit 1; }
@@ -32,7 +32,7 @@ for step in "$@"; do
   echo "== $step"
   # the AReaL steps import orjson, pydantic, ... from the SGLang set (.whl) as well as AReaL's own (.whl-areal)
   case $step in
-    recompute|areal-bits|gsm8k)
+    recompute|areal-bits|gsm8k|gsm8k-e2e)
       for d in .whl .whl-areal; do
         ls $d/*.whl >/dev/null 2>&1 || { echo "$step: no wheels in $d (carry both .whl and .whl-areal)"; rc=1; continue 2; }
       done;;
@@ -40,7 +40,8 @@ for step in "$@"; do
   case $step in
     sglang)
       # TIK_SGL_TINY=1: a tiny eager run first (a failure shows in ~1 min); then the qwen3-4b-shaped proof
-      # (TIK_SGL_BASELINES: stock backends timed on the same workload; TIK_SGL_EAGER=1: no CUDA graphs;
+      # (TIK_SGL_BASELINES: stock backends timed on the same jobs, default flashinfer with FlashInfer-served
+      # fused ops -- carry .whl-fi too; TIK_SGL_REPEAT: greedy jobs, median of the last - 1; TIK_SGL_EAGER=1: no CUDA graphs;
       # TIK_SGL_SHAPE=qwen3-30b-a3b: the Qwen3-MoE model path, TIK_SGL_MOE_LAYERS layers, default 4)
       r=0
       if [ "${TIK_SGL_TINY:-1}" = 1 ]; then
@@ -51,8 +52,8 @@ for step in "$@"; do
       if [ $r -eq 0 ] || [ $r -eq 3 ]; then
         eager=; [ "${TIK_SGL_EAGER:-0}" = 1 ] && eager="--engine-arg disable_cuda_graph=true"
         timeout "${TIK_SGL_LIMIT:-390}" python3 -m benchmarks.sglang_gpu_proof --out "$W" --stub-sgl-kernel \
-          --shape "${TIK_SGL_SHAPE:-qwen3-4b}" --batch "${TIK_SGL_BATCH:-32}" --new "${TIK_SGL_NEW:-128}" --baselines "${TIK_SGL_BASELINES-triton,torch_native}" \
-          --repeat "${TIK_SGL_REPEAT:-3}" --timeout $(( ${TIK_SGL_LIMIT:-390} - 20 )) $eager >"$W/sglang.log" 2>&1 || rc=1
+          --shape "${TIK_SGL_SHAPE:-qwen3-4b}" --batch "${TIK_SGL_BATCH:-32}" --new "${TIK_SGL_NEW:-128}" --baselines "${TIK_SGL_BASELINES-flashinfer}" \
+          --repeat "${TIK_SGL_REPEAT:-6}" --timeout $(( ${TIK_SGL_LIMIT:-390} - 20 )) $eager >"$W/sglang.log" 2>&1 || rc=1
         grep -E "Error|error:|Traceback" "$W/sglang.log" | head -8; tail -6 "$W/sglang.log"
       else
         rc=1; grep -E "Error|error:|Traceback|stub" "$W/sglang-tiny.log" | tail -12
@@ -121,6 +122,18 @@ for step in "$@"; do
     host)
       timeout "${TIK_HOST_LIMIT:-120}" python3 -m benchmarks.host_overhead --out "$W" >"$W/host.log" 2>&1 || rc=1
       head -12 "$W/host.log"; grep -A30 "ncalls" "$W/host.log" | cut -c1-150;;
+    gsm8k-e2e)
+      # the end-to-end cell (recipes/gsm8k/model/gpu-e2e-qwen3.yaml; kind nvidia-h200-x2, carry .whl, .whl-areal
+      # built with --trainer, .whl-fi): NCCL weight updates, AReaL's default FSDP attention (flash_attention_2;
+      # sdpa, said here, when flash_attn is not importable), 1 warm-up + 20 measured steps, baseline = stock SGLang
+      # on FlashInfer attention with FlashInfer-served fused ops when FlashInfer is carried. Both modes in this
+      # one step (TIK_GSM8K_MODES="baseline" / "tik" runs one per device call if both do not fit in 10 min).
+      export TIK_GSM8K_MODEL_GROUP=${TIK_GSM8K_MODEL_GROUP:-gpu-e2e-qwen3} TIK_GSM8K_LIMIT=${TIK_GSM8K_LIMIT:-540}
+      if ! python3 -c "import flash_attn" 2>/dev/null; then
+        export TIK_E2E_ATTN_IMPL=${TIK_E2E_ATTN_IMPL:-sdpa}
+        echo "flash_attn not importable: FSDP attn_impl=$TIK_E2E_ATTN_IMPL (AReaL's default flash_attention_2 needs it)"
+      fi
+      ;&
     gsm8k)
       # the GSM8K GRPO recipe, staleness 0, baseline (AReaL recompute, stock SGLang: Triton attention +
       # torch-native ops, no sgl-kernel) then tik, on a random full-size Qwen3 (recipes/gsm8k/model/

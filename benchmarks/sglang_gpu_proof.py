@@ -9,9 +9,12 @@
 2. SGLang Engine ``attention_backend="tik"`` (CUDA graphs on): after a warm-up batch on other prompts
    (JIT compilation; neither timed nor compared), ``--batch`` requests sharing a prefix, greedy then
    sampled (per-request temperatures, radix-cache hits), chunked prefill, ``--new`` tokens each; timed;
-3. the same decode workload on SGLang's ``triton`` and ``torch_native`` backends (with
-   ``--stub-sgl-kernel`` these run with ``SGLANG_FORCE_FUSED_OP_BACKEND=torch``: no sgl-kernel means
-   SGLang's own fused CUDA ops are unavailable, so the baseline layers are SGLang's torch-native ones);
+3. the same jobs on stock SGLang with ``--attention-backend flashinfer`` (``--baselines``): with
+   ``--stub-sgl-kernel`` (sgl-kernel's wheel cannot be carried) its fused ops -- RMSNorm, fused
+   add+RMSNorm, SiLU-and-mul, top-k/top-p renorm -- are served by FlashInfer through the sgl_kernel
+   shim's FlashInfer mode (``--sgl-kernel-shim flashinfer``, the default; ``raise`` instead forces
+   SGLang's torch-native fused ops, ``SGLANG_FORCE_FUSED_OP_BACKEND=torch``); RoPE is SGLang's own JIT
+   kernel either way. The JSON's ``baseline_stack`` says exactly what ran;
 4. the training-side log-probs (plugin-patched HF model, packed, training mode) of every tik rollout,
    compared bit for bit.
 
@@ -40,6 +43,18 @@ SHAPES = {"qwen3-4b": checkpoint_kwargs("qwen3-4b"),
           "tiny": ("qwen3", {})}
 
 
+def _shim_map() -> dict:
+    """sgl_kernel function -> (FlashInfer module, function) of the shim's FlashInfer mode, read from the
+    shim's source (importing it here would install its import hook in this process)."""
+    import ast
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "devenv", "gpu_stubs",
+                        "sgl_kernel", "__init__.py")
+    tree = ast.parse(open(path).read())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "FLASHINFER_MAP")
+    return ast.literal_eval(node.value)
+
+
 def _prompts(batch, prefix_len, vocab_hi, seed=0):
     rng = random.Random(seed)
     prefix = [rng.randrange(4, vocab_hi) for _ in range(prefix_len)]
@@ -54,7 +69,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prefix", type=int, default=600)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--chunk", type=int, default=256)
-    ap.add_argument("--baselines", default="triton,torch_native")
+    ap.add_argument("--baselines", default="flashinfer",
+                    help="stock SGLang attention backends timed on the same jobs (comma list; '' for none)")
+    ap.add_argument("--sgl-kernel-shim", default="flashinfer", choices=("flashinfer", "raise"),
+                    help="with --stub-sgl-kernel: how the baselines' sgl_kernel calls are served")
     ap.add_argument("--stub-sgl-kernel", action="store_true")
     ap.add_argument("--device", default="cuda", help="cuda (the run), or cpu with --shape tiny (smoke test)")
     ap.add_argument("--shape", default="qwen3-4b", choices=sorted(SHAPES))
@@ -62,9 +80,9 @@ def main(argv=None) -> int:
                     help="seconds for all engines together (each baseline gets what is left, minus --reserve)")
     ap.add_argument("--reserve", type=float, default=90,
                     help="seconds kept for the training-side log-probs after the engines")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="greedy jobs timed per engine (>= 1); repeats after the first run on radix-cached prompts, "
-                         "and their median decode tokens/s is reported next to the first job's")
+    ap.add_argument("--repeat", type=int, default=6,
+                    help="greedy jobs timed per engine (>= 1); the ones after the first run on radix-cached prompts, "
+                         "and their median decode tokens/s (>= 5 of them by default) is reported next to the first job's")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="extra sglang.Engine argument for every engine, e.g. disable_prefill_cuda_graph=true")
     a = ap.parse_args(argv)
@@ -90,9 +108,11 @@ def main(argv=None) -> int:
     warm = {"input_ids": _prompts(a.batch, a.prefix, 100, seed=1),
             "sampling_params": {"temperature": 0.0, "max_new_tokens": min(a.new, 16), "ignore_eos": True}}
     greedy_job = {"input_ids": ids, "sampling_params": sp(0.0)}
+    # every engine runs the same jobs in the same order (symmetric timing): the repeat median is over the
+    # greedy jobs after the sampled one, for each engine alike
     tik_jobs = [warm, greedy_job, {"input_ids": ids, "sampling_params": [sp(t) for t in temps]}]
     tik_jobs += [greedy_job] * (a.repeat - 1)
-    bench_jobs = [warm, greedy_job] + [greedy_job] * (a.repeat - 1)
+    bench_jobs = list(tik_jobs)
     if a.device == "cuda":
         common = dict(device="cuda", chunked_prefill_size=a.chunk, max_running_requests=a.batch,
                       max_total_tokens=None, mem_fraction_static=0.6, disable_cuda_graph=False,
@@ -107,10 +127,20 @@ def main(argv=None) -> int:
                                   if v is not None},
                 "jobs": tik_jobs, "env": {"TIK_SGLANG_STATS": stats_dir}}]
     names = ["tik"]
+    baseline_stack = {}
     for b in [x for x in a.baselines.split(",") if x]:
         env = {"SGLANG_PLUGINS": "none", "TIK_SGLANG_STATS": ""}
-        if a.stub_sgl_kernel:
+        fused = "sgl-kernel (installed)"
+        if a.stub_sgl_kernel and a.sgl_kernel_shim == "flashinfer":
+            env["TIK_SGL_KERNEL_SHIM"] = "flashinfer"
+            fused = ("FlashInfer through devenv/gpu_stubs/sgl_kernel (TIK_SGL_KERNEL_SHIM=flashinfer): "
+                     + ", ".join(f"sgl_kernel.{k} -> {m}.{f}" for k, (m, f) in _shim_map().items()))
+        elif a.stub_sgl_kernel:
             env["SGLANG_FORCE_FUSED_OP_BACKEND"] = "torch"
+            fused = "SGLang's torch-native fused ops (SGLANG_FORCE_FUSED_OP_BACKEND=torch)"
+        baseline_stack[b] = {"attention_backend": b, "fused_ops": fused,
+                             "rope": "SGLang's own JIT kernel (sglang.kernels.ops.attention.rope)",
+                             "cuda_graph": b != "torch_native"}
         kw = {k: v for k, v in SC.default_engine_kwargs(model, b, **common).items() if v is not None}
         if b == "torch_native":
             kw["disable_cuda_graph"] = True
@@ -131,7 +161,11 @@ def main(argv=None) -> int:
     report = {"model": model, "device": a.device, "batch": a.batch, "prefix": a.prefix, "new_tokens": a.new,
               "implementation": {"name": impl.name, "source_hash": impl.source_hash}, "env": evidence.environment(),
               "engine_args": {k: v for k, v in common.items()}, "argv": sys.argv[1:] if argv is None else list(argv),
-              "backends": {}}
+              "backends": {}, "baseline_stack": baseline_stack,
+              "timing": {"jobs": "the same list for every engine: warm-up, greedy, sampled, then repeat - 1 greedy",
+                         "excluded": "job 0 (warm-up) for every engine",
+                         "repeat_median": "greedy jobs after the sampled one (radix-cached prompts), every engine",
+                         "n_repeat_median": a.repeat - 1}}
     results = []
     deadline = time.time() + a.timeout
     for name, eng_spec in zip(names, engines):  # one worker per engine: a failing baseline keeps tik's result

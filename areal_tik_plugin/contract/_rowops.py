@@ -12,7 +12,7 @@ from areal_tik_plugin.contract.suite import timed  # noqa: F401 -- re-exported t
 from areal_tik_plugin.models import dims
 
 DEV = "cuda"
-HBM_TBPS = 4.3  # measured H200 copy bandwidth the targets refer to
+HBM_TBPS = 4.8  # H200 datasheet HBM bandwidth: what the hbm_frac_* shares are set against (the spec)
 
 # the row ops' models: their numbers from the one shape table (areal_tik_plugin.models)
 MODELS = {name: dict(hidden=x.hidden, hq=x.hq, hkv=x.hkv, d=x.d, vocab=x.vocab, inter=x.inter, theta=x.theta,
@@ -120,17 +120,26 @@ def copy_same_bytes_us(nbytes: int) -> float:
     return _COPY_US[nbytes]
 
 
-def add_shares(ratios: dict, bw, T: int = 0) -> None:
-    """Append one T >= 4096 row's shares to the op's summary lists: of HBM bandwidth (cold, graph) and,
-    where the row was streamed, of a same-size device copy's bandwidth (graph). Rows of T >= LARGE_T
-    also go to the ``_T65536`` lists (the large-token-count share on its own)."""
+def add_shares(ratios: dict, bw, T: int = 0, copy_tbps: float | None = None) -> None:
+    """Append one T >= 4096 row's shares to the op's summary lists: of the HBM spec bandwidth (cold,
+    graph), of the device copy bandwidth measured in this process (``copy_tbps``; measured once when
+    None and a GPU is present) and, where the row was streamed, of a same-size elementwise kernel's
+    bandwidth (graph). Rows of T >= LARGE_T also go to the ``_T65536`` lists."""
     if not bw:
         return
+    if copy_tbps is None and torch.cuda.is_available():
+        from areal_tik_plugin.contract.baselines import measured_copy_tbps
+
+        copy_tbps = measured_copy_tbps()
     tags = ("T4096plus",) + (("T65536",) if T >= LARGE_T else ())
     for tag in tags:
         ratios.setdefault(f"hbm_frac_{tag}", []).append(bw["cold_tbps"] / HBM_TBPS)
         if bw.get("graph_tbps"):
             ratios.setdefault(f"hbm_frac_{tag}_graph", []).append(bw["graph_tbps"] / HBM_TBPS)
+        if copy_tbps:
+            ratios.setdefault(f"measured_copy_frac_{tag}", []).append(bw["cold_tbps"] / copy_tbps)
+            if bw.get("graph_tbps"):
+                ratios.setdefault(f"measured_copy_frac_{tag}_graph", []).append(bw["graph_tbps"] / copy_tbps)
         if bw.get("vs_copy_same_bytes"):
             ratios.setdefault(f"vs_copy_same_bytes_{tag}_graph", []).append(bw["vs_copy_same_bytes"])
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from areal_tik_plugin import bench
+from areal_tik_plugin.contract import baselines as B
 from areal_tik_plugin.contract.suite import timed as _time
 from areal_tik_plugin.ops import attention_decode, attention_extend, attention_varlen
 
@@ -382,138 +383,221 @@ def _sdpa_decode_fn(B, ctx, Hq, Hkv, D):
 
 
 
+# FlashInfer baselines (SGLang's flashinfer attention backend calls these wrappers) ---------------------
+_FI_WS: dict = {}
+FI_PREFILL_BACKENDS = ("fa2", "fa3")  # fa3: the sm90 (Hopper) kernels; TIK_FI_PREFILL_BACKENDS cuts the list
+FI_DECODE_PAGES = (1, 16)             # SGLang's flashinfer backend runs page 1; 16 is FlashInfer's common choice
+GRAPH_MAX_COLD_US = 5000.0            # CUDA-graph timing only where launch cost can matter (cold < 5 ms)
+
+
+def _fi_ws():
+    if "ws" not in _FI_WS:
+        _FI_WS["ws"] = torch.zeros(256 << 20, dtype=torch.uint8, device=DEV)
+    return _FI_WS["ws"]
+
+
+def _fi_prefill_backends():
+    import os
+
+    raw = os.environ.get("TIK_FI_PREFILL_BACKENDS")
+    return tuple(b for b in raw.split(",") if b) if raw is not None else FI_PREFILL_BACKENDS
+
+
+def _fi_ragged_prefill(backend, q, k, v, lens, Hq, Hkv, D):
+    """Factory: FlashInfer's ragged causal prefill (SGLang's extend without a cached prefix) over
+    q/k/v [sum(lens), H, D], planned once outside the timed call."""
+    fi = B.flashinfer(f"prefill_{backend}")
+    cu = _cu(lens)
+    w = fi.BatchPrefillWithRaggedKVCacheWrapper(_fi_ws(), "NHD", backend=backend)
+    w.plan(cu, cu, Hq, Hkv, D, causal=True, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    out = torch.empty_like(q)
+    return lambda: w.run(q, k, v, out=out)
+
+
+def fi_page_table(lens, page_size, seed=0):
+    """(indptr, indices, last_page_len) of a paged cache holding sequences of ``lens`` tokens in pages
+    of ``page_size`` placed in a random order (as a serving pool hands them out); int32 on the CPU."""
+    if page_size < 1 or any(n < 1 for n in lens):
+        raise ValueError(f"fi_page_table: expected page_size >= 1 and lens >= 1, got {page_size}, {list(lens)[:8]}")
+    n_pages = [math.ceil(n / page_size) for n in lens]
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    indices = torch.randperm(sum(n_pages), generator=g).to(torch.int32)
+    indptr = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(torch.tensor(n_pages), 0)
+    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lens, n_pages)], dtype=torch.int32)
+    return indptr, indices, last
+
+
+def _fi_decode(q, lens, page_size, tensor_cores, Hkv, D):
+    """Factory: FlashInfer's paged decode wrapper in its CUDA-graph mode (fixed index buffers, planned
+    once), over a random paged cache [pages, 2, page_size, Hkv, D] (NHD)."""
+    fi = B.flashinfer("prefill_fa2" if tensor_cores else "decode")
+    indptr, indices, last = (t.to(DEV) for t in fi_page_table(lens, page_size))
+    cache = torch.randn(int(indices.numel()), 2, page_size, Hkv, D, device=DEV, dtype=torch.bfloat16)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(
+        _fi_ws(), "NHD", use_cuda_graph=True, use_tensor_cores=tensor_cores, paged_kv_indptr_buffer=indptr,
+        paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last)
+    w.plan(indptr, indices, last, q.shape[1], Hkv, D, page_size, q_data_type=torch.bfloat16,
+           kv_data_type=torch.bfloat16)
+    out = torch.empty_like(q)
+    return lambda: w.run(q, cache, out=out)
+
+
+def _fi_decode_candidates(q, lens, Hkv, D):
+    return {f"flashinfer.BatchDecodeWithPagedKVCacheWrapper (page {p}, use_tensor_cores={tc}, CUDA-graph mode)":
+            (lambda p=p, tc=tc: _fi_decode(q, lens, p, tc, Hkv, D)) for p in FI_DECODE_PAGES for tc in (False, True)}
+
+
+def _timer(rec, label, fn, graph):
+    """suite.timed, with the CUDA-graph method only where the cold time is under GRAPH_MAX_COLD_US."""
+    t = _time(rec, label, fn, graph=False)
+    if t and graph and t["cold_us"] < GRAPH_MAX_COLD_US:
+        try:
+            t["graph_us"] = bench.time_graph_us(fn)
+        except Exception as e:
+            t["graph_error"] = f"{type(e).__name__}: {e}"[:200]
+    elif t and graph:
+        t["graph_skipped"] = f"cold {t['cold_us']:.0f} us >= {GRAPH_MAX_COLD_US:.0f} us: launch cost negligible"
+    return t
+
+
+def _sdpa_cands(B_, L, Hq, Hkv, D):
+    return {"torch SDPA cuDNN (SDPBackend.CUDNN_ATTENTION)": lambda: _req_cudnn(_sdpa_prefill_fn(B_, L, Hq, Hkv, D, "cudnn")),
+            "torch SDPA flash (SDPBackend.FLASH_ATTENTION, FA2)": lambda: _sdpa_prefill_fn(B_, L, Hq, Hkv, D, "fa2")}
+
+
+def _req_cudnn(fn):
+    B.require("cudnn")
+    return fn
+
+
 def run_bench(rec, quick: bool = False) -> None:
+    """Ours vs the strongest of cuDNN SDPA, torch's flash SDPA and FlashInfer (ragged prefill FA2 / FA3;
+    paged decode at its best qualified configuration per cell, CUDA-graph mode) for prefill, decode,
+    rollout-sized mixed-length decode and training forward+backward; the padded masked SDPA decode as
+    context only."""
     torch.manual_seed(0)
     Hq, Hkv, D = 32, 8, 128
-    ratios = {k: [] for k in ("prefill_vs_cudnn_cold", "prefill_vs_cudnn_graph", "prefill_vs_fa2_cold",
-                              "decode_vs_cudnn_cold", "decode_vs_cudnn_graph", "decode_paged_vs_dense_graph",
-                              "decode_p16_vs_dense_graph", "train_fwd_bwd_vs_cudnn_cold")}
+    rows = {"prefill": [], "decode": [], "decode_mixed": [], "train_fwd_bwd": []}
     Bs = (1, 4, 8, 16)
     Ls = (1024, 4096, 8192, 16384) if not quick else (1024, 8192)
-    for B in Bs:
+    for Bn in Bs:
         for L in Ls:
-            q, k, v = _rand(B * L, Hq, D), _rand(B * L, Hkv, D), _rand(B * L, Hkv, D)
-            cu = _cu([L] * B)
-            ours = _time(rec, "prefill", lambda: attention_varlen(q, k, v, cu, L))
-            cud = _time(rec, "cudnn", _sdpa_prefill_fn(B, L, Hq, Hkv, D, "cudnn"))
-            fa2 = _time(rec, "fa2", _sdpa_prefill_fn(B, L, Hq, Hkv, D, "fa2"), graph=False)
-            flops = 4 * B * L * L / 2 * Hq * D
-            row = {"kind": "prefill", "B": B, "L": L, "ours": ours, "cudnn": cud, "fa2": fa2,
-                   "ours_tflops_cold": flops / (ours["cold_us"] * 1e-6) / 1e12 if ours else None}
-            if ours and cud:
-                row["ratio_cudnn_cold"] = bench.ratio(cud, ours, "cold_us")
-                row["ratio_cudnn_graph"] = bench.ratio(cud, ours, "graph_us")
-                ratios["prefill_vs_cudnn_cold"].append(row["ratio_cudnn_cold"])
-                ratios["prefill_vs_cudnn_graph"].append(row["ratio_cudnn_graph"])
-            if ours and fa2:
-                row["ratio_fa2_cold"] = bench.ratio(fa2, ours, "cold_us")
-                ratios["prefill_vs_fa2_cold"].append(row["ratio_fa2_cold"])
-            rec.bench(f"prefill_b{B}_L{L}", **row)
-            del q, k, v
+            q, k, v = _rand(Bn * L, Hq, D), _rand(Bn * L, Hkv, D), _rand(Bn * L, Hkv, D)
+            cu = _cu([L] * Bn)
+            facs = _sdpa_cands(Bn, L, Hq, Hkv, D)
+            for be in _fi_prefill_backends():
+                facs[f"flashinfer.BatchPrefillWithRaggedKVCacheWrapper (backend={be}, causal)"] = (
+                    lambda be=be: _fi_ragged_prefill(be, q, k, v, [L] * Bn, Hq, Hkv, D))
+            base = B.collect(rec, "attention.prefill", facs)
+            flops = 4 * Bn * L * L / 2 * Hq * D
+            row = B.compare(rec, f"prefill_b{Bn}_L{L}", lambda: attention_varlen(q, k, v, cu, L), base, None,
+                            timer=_timer, kind="prefill", B=Bn, L=L, flops=flops)
+            ours = row["ours"]
+            row["ours_tflops_cold"] = flops / (ours["cold_us"] * 1e-6) / 1e12 if ours else None
+            rows["prefill"].append(row)
+            q = k = v = None  # noqa: F841 (frees the cell's tensors)
+            torch.cuda.empty_cache()
     # decode grid
     ctxs = (128, 1024, 4096, 8192)
-    for B in Bs:
+    for Bn in Bs:
         for ctx in ctxs:
-            ks = [_rand(ctx, Hkv, D) for _ in range(B)]
-            vs = [_rand(ctx, Hkv, D) for _ in range(B)]
-            k_pool, v_pool, table, rows = _pool_from_seqs(ks, vs, n_spare=16)
+            ks = [_rand(ctx, Hkv, D) for _ in range(Bn)]
+            vs = [_rand(ctx, Hkv, D) for _ in range(Bn)]
+            k_pool, v_pool, table, trows = _pool_from_seqs(ks, vs, n_spare=16)
             k16, v16, t16, _ = _pool_from_seqs(ks, vs, page_size=16, n_spare=16)
             kd = torch.stack(ks)
             vd = torch.stack(vs)
-            q = _rand(B, Hq, D)
-            sl = torch.full((B,), ctx, dtype=torch.int32, device=DEV)
+            q = _rand(Bn, Hq, D)
+            sl = torch.full((Bn,), ctx, dtype=torch.int32, device=DEV)
             out = torch.empty_like(q)
-            paged = _time(rec, "decode_paged", lambda: attention_decode(
-                q, k_pool, v_pool, seq_lens=sl, kv_indices=table, table_rows=rows, max_context_len=ctx, out=out))
-            p16 = _time(rec, "decode_p16", lambda: attention_decode(
-                q, k16, v16, seq_lens=sl, kv_indices=t16, table_rows=rows, page_size=16, max_context_len=ctx, out=out))
-            dense = _time(rec, "decode_dense", lambda: attention_decode(q, kd, vd, seq_lens=sl, out=out))
-            cud = _time(rec, "decode_cudnn", _sdpa_decode_fn(B, ctx, Hq, Hkv, D))
-            nbytes = 2 * B * ctx * Hkv * D * 2
-            row = {"kind": "decode", "B": B, "ctx": ctx, "paged": paged, "page16": p16, "dense": dense, "cudnn": cud}
-            if ctx > 1024:  # the split merge as a second kernel (free knob) vs the default, same call
-                from areal_tik_plugin.runtime.loader import get_implementation
-
-                att = get_implementation().module("attention")
-                for last in (False, True):
-                    row[f"paged_merge_in_last_{last}"] = _time(
-                        rec, f"decode_paged_merge_in_last_{last}",
-                        lambda l=last: att.decode(q, k_pool, v_pool, sl, table, rows, D ** -0.5, 1, ctx, out=out,
-                                                  merge_in_last=l))
-                a, b2 = row["paged_merge_in_last_False"], row["paged_merge_in_last_True"]
-                if a and b2:
-                    row["merge_in_last_speedup_graph"] = bench.ratio(a, b2, "graph_us")
-                    ratios.setdefault("decode_merge_in_last_vs_merge_kernel_graph", []).append(
-                        row["merge_in_last_speedup_graph"])
+            facs = {"torch SDPA cuDNN (SDPBackend.CUDNN_ATTENTION, dense cache)":
+                    lambda: _req_cudnn(_sdpa_decode_fn(Bn, ctx, Hq, Hkv, D)),
+                    **_fi_decode_candidates(q, [ctx] * Bn, Hkv, D)}
+            base = B.collect(rec, "attention.decode", facs)
+            nbytes = 2 * Bn * ctx * Hkv * D * 2
+            row = B.compare(rec, f"decode_b{Bn}_ctx{ctx}", lambda: attention_decode(
+                q, k_pool, v_pool, seq_lens=sl, kv_indices=table, table_rows=trows, max_context_len=ctx, out=out),
+                base, None, timer=_timer, kind="decode", B=Bn, ctx=ctx, bytes=nbytes, ours_page_size=1)
+            row["ours_page16"] = _timer(rec, "decode_p16", lambda: attention_decode(
+                q, k16, v16, seq_lens=sl, kv_indices=t16, table_rows=trows, page_size=16, max_context_len=ctx,
+                out=out), True)
+            row["ours_dense"] = _timer(rec, "decode_dense", lambda: attention_decode(q, kd, vd, seq_lens=sl, out=out),
+                                       True)
+            paged = row["ours"]
             if paged:
-                row["paged_TBps_cold"] = nbytes / (paged["cold_us"] * 1e-6) / 1e12
-            if paged and cud:
-                row["ratio_cudnn_cold"] = bench.ratio(cud, paged, "cold_us")
-                row["ratio_cudnn_graph"] = bench.ratio(cud, paged, "graph_us")
-                ratios["decode_vs_cudnn_cold"].append(row["ratio_cudnn_cold"])
-                ratios["decode_vs_cudnn_graph"].append(row["ratio_cudnn_graph"])
-            if paged and dense:
-                row["paged_over_dense_graph"] = bench.ratio(dense, paged, "graph_us")
-                ratios["decode_paged_vs_dense_graph"].append(row["paged_over_dense_graph"])
-            if p16 and dense:
-                ratios["decode_p16_vs_dense_graph"].append(bench.ratio(dense, p16, "graph_us"))
-            rec.bench(f"decode_b{B}_ctx{ctx}", **row)
+                bw = nbytes / (paged["cold_us"] * 1e-6) / 1e12
+                row["ours_tbps_cold"] = bw
+                row["ours_share_cold"] = B.shares(bw, B.measured_copy_tbps())
+            rows["decode"].append(row)
+            ks = vs = k_pool = v_pool = k16 = v16 = kd = vd = None  # noqa: F841 (frees the cell's tensors)
     # rollout-sized mixed-length batches
-    for B in (64, 256):
-        lens = [random.randint(128, 4096) for _ in range(B)]
+    rng = random.Random(0)
+    for Bn in (64, 256):
+        lens = [rng.randint(128, 4096) for _ in range(Bn)]
         ks = [_rand(n, Hkv, D) for n in lens]
         vs = [_rand(n, Hkv, D) for n in lens]
-        k_pool, v_pool, table, rows = _pool_from_seqs(ks, vs, n_spare=16)
-        q = _rand(B, Hq, D)
+        k_pool, v_pool, table, trows = _pool_from_seqs(ks, vs, n_spare=16)
+        ks = vs = None  # noqa: F841 (frees the cell's tensors)
+        q = _rand(Bn, Hq, D)
         sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
         out = torch.empty_like(q)
         cap = table.shape[1]
-        paged = _time(rec, "decode_mixed", lambda: attention_decode(
-            q, k_pool, v_pool, seq_lens=sl, kv_indices=table, table_rows=rows, max_context_len=cap, out=out))
-        # dense baseline: cuDNN SDPA over the padded cache with a key-padding mask
         Lmax = max(lens)
-        kd = _rand(B, Hkv, Lmax, D)
-        vd = _rand(B, Hkv, Lmax, D)
-        qd = _rand(B, Hq, 1, D)
-        mask = (torch.arange(Lmax, device=DEV)[None, :] < sl[:, None]).view(B, 1, 1, Lmax)
+        kd = _rand(Bn, Hkv, Lmax, D)
+        vd = _rand(Bn, Hkv, Lmax, D)
+        qd = _rand(Bn, Hq, 1, D)
+        mask = (torch.arange(Lmax, device=DEV)[None, :] < sl[:, None]).view(Bn, 1, 1, Lmax)
 
-        def base():
+        def padded():
             return F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=True)
 
-        b = _time(rec, "decode_mixed_sdpa_masked", base)
+        base = B.collect(rec, "attention.decode_mixed", _fi_decode_candidates(q, lens, Hkv, D))
         nbytes = 2 * sum(lens) * Hkv * D * 2
-        row = {"kind": "decode_mixed", "B": B, "mean_ctx": sum(lens) / B, "paged": paged, "sdpa_masked_padded": b,
-               "paged_TBps_cold": nbytes / (paged["cold_us"] * 1e-6) / 1e12 if paged else None}
-        if paged and b:
-            row["ratio_sdpa_cold"] = bench.ratio(b, paged, "cold_us")
-            row["ratio_sdpa_graph"] = bench.ratio(b, paged, "graph_us")
-        rec.bench(f"decode_mixed_b{B}", **row)
-    # training forward+backward at L+128 (policy update)
-    for B, L in ((1, 1024 + 128), (4, 4096 + 128), (1, 16384 + 128)):
-        q, k, v = (_rand(B * L, h, D).requires_grad_() for h in (Hq, Hkv, Hkv))
-        do = _rand(B * L, Hq, D)
-        cu = _cu([L] * B)
+        row = B.compare(rec, f"decode_mixed_b{Bn}", lambda: attention_decode(
+            q, k_pool, v_pool, seq_lens=sl, kv_indices=table, table_rows=trows, max_context_len=cap, out=out),
+            base, {"sdpa_masked_padded_cache": padded}, timer=_timer, kind="decode_mixed", B=Bn,
+            mean_ctx=sum(lens) / Bn, bytes=nbytes)
+        if row["ours"]:
+            row["ours_tbps_cold"] = bw = nbytes / (row["ours"]["cold_us"] * 1e-6) / 1e12
+            row["ours_share_cold"] = B.shares(bw, B.measured_copy_tbps())
+        rows["decode_mixed"].append(row)
+        k_pool = v_pool = kd = vd = None  # noqa: F841 (frees the cell's tensors)
+        torch.cuda.empty_cache()
+    # training forward+backward at L+128 (policy update); FlashInfer has no backward
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for Bn, L in ((1, 1024 + 128), (4, 4096 + 128), (1, 16384 + 128)):
+        q, k, v = (_rand(Bn * L, h, D).requires_grad_() for h in (Hq, Hkv, Hkv))
+        do = _rand(Bn * L, Hq, D)
+        cu = _cu([L] * Bn)
 
         def ours_fb():
             o = attention_varlen(q, k, v, cu, L)
             return torch.autograd.grad(o, (q, k, v), do)
 
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        qs, ks_, vs_ = (_rand(Bn, h, L, D).requires_grad_() for h in (Hq, Hkv, Hkv))
+        dos = _rand(Bn, Hq, L, D)
 
-        qs, ks_, vs_ = (_rand(B, h, L, D).requires_grad_() for h in (Hq, Hkv, Hkv))
-        dos = _rand(B, Hq, L, D)
+        def sdpa_fb(be):
+            def fn():
+                with sdpa_kernel([be]):
+                    o = F.scaled_dot_product_attention(qs, ks_, vs_, is_causal=True, enable_gqa=True)
+                return torch.autograd.grad(o, (qs, ks_, vs_), dos)
+            return fn
 
-        def cud_fb():
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                o = F.scaled_dot_product_attention(qs, ks_, vs_, is_causal=True, enable_gqa=True)
-            return torch.autograd.grad(o, (qs, ks_, vs_), dos)
+        base = B.collect(rec, "attention.train_fwd_bwd", {
+            "torch SDPA cuDNN fwd+bwd (SDPBackend.CUDNN_ATTENTION)": lambda: _req_cudnn(sdpa_fb(SDPBackend.CUDNN_ATTENTION)),
+            "torch SDPA flash fwd+bwd (SDPBackend.FLASH_ATTENTION, FA2)": lambda: sdpa_fb(SDPBackend.FLASH_ATTENTION),
+            "flashinfer": lambda: (B.flashinfer(), _no_fi_backward())[1],
+        })
+        rows["train_fwd_bwd"].append(B.compare(rec, f"train_fb_b{Bn}_L{L}", ours_fb, base, None, graph=False,
+                                               kind="train_fwd_bwd", B=Bn, L=L))
+        q = k = v = qs = ks_ = vs_ = None  # noqa: F841 (frees the cell's tensors)
+    B.summarize(rec, [r for v in rows.values() for r in v])
+    for kind, v in rows.items():
+        B.summarize(rec, v, prefix=f"{kind}.")
 
-        a = _time(rec, "train_fb", ours_fb, graph=False)
-        b = _time(rec, "train_fb_cudnn", cud_fb, graph=False)
-        row = {"kind": "train_fwd_bwd", "B": B, "L": L, "ours": a, "cudnn": b}
-        if a and b:
-            row["ratio_cudnn_cold"] = bench.ratio(b, a, "cold_us")
-            ratios["train_fwd_bwd_vs_cudnn_cold"].append(row["ratio_cudnn_cold"])
-        rec.bench(f"train_fb_b{B}_L{L}", **row)
-    for k, vals in ratios.items():
-        rec.summarize(k, vals)
+
+def _no_fi_backward():
+    raise B.Unavailable("flashinfer: its attention kernels are inference-only (no backward)")

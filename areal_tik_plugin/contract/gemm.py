@@ -10,10 +10,13 @@ attention/router shapes; TFLOP/s and TB/s for both.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
 from areal_tik_plugin import bench
+from areal_tik_plugin.contract import baselines as B
 from areal_tik_plugin.runtime import loader
 from areal_tik_plugin.contract._rowops import check_native, check_native_autograd, graph_vs_eager, knobs, stream_copies
 from areal_tik_plugin.contract.suite import timed as _time
@@ -412,14 +415,29 @@ def _bench_host_launch(rec) -> None:
               cublas_host_us=cub, fast_vs_triton_launch=slow / fast, cublas_vs_ours=cub / fast)
 
 
+CUBLAS = "torch.nn.functional.linear (cuBLAS)"
+
+
+def _env_ms():
+    """``TIK_GEMM_M`` (comma list) cuts the M grid for a shorter run; unset: the full grid."""
+    raw = os.environ.get("TIK_GEMM_M", "")
+    try:
+        return tuple(int(m) for m in raw.split(",") if m.strip())
+    except ValueError:
+        raise ValueError(f"TIK_GEMM_M: expected a comma list of integers, got {raw!r}") from None
+
+
 def run_bench(rec, quick: bool = False) -> None:
+    """Ours vs cuBLAS (``F.linear``, the call every HF / FSDP / SGLang linear makes) at every M of the
+    grid on every weight shape; the row names the baseline and its ratio as the strongest."""
     torch.manual_seed(0)
     gemm = _gemm()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ratios = {k: [] for k in ("small_m", "small_m_graph", "small_m_graph_l2", "mid_m", "mid_m_graph",
                               "mid_m_graph_l2", "large_m", "large_m_graph", "large_m_graph_l2")}
     shapes = SHAPES if not quick else {k: v for k, v in SHAPES.items() if k[0] == "qwen3-4b"}
-    Ms = BENCH_M if not quick else (1, 64, 4096)
+    Ms = _env_ms() or (BENCH_M if not quick else (1, 64, 4096))
+    rows = []
     for (model, layer), (N, K, has_bias) in shapes.items():
         ws, b = _weight_copies(N, K, has_bias, seed=N + K)
         w = ws[0]
@@ -430,6 +448,8 @@ def run_bench(rec, quick: bool = False) -> None:
             row = {"model": model, "layer": layer, "M": M, "N": N, "K": K, "bias": has_bias,
                    "config": gemm.config_for(M, N, K, sms)["name"], "ours": ours, "cublas": cub,
                    "ours_rates": _rates(M, N, K, has_bias, ours), "cublas_rates": _rates(M, N, K, has_bias, cub)}
+            row.update({k: v for k, v in B.build_row(ours, {CUBLAS: cub}).items() if k != "ours"})
+            rows.append(row)
             if ours and cub:
                 row["ratio_cold"] = bench.ratio(cub, ours, "cold_us")
                 row["ratio_graph"] = bench.ratio(cub, ours, "graph_us")
@@ -442,7 +462,7 @@ def run_bench(rec, quick: bool = False) -> None:
             del x
         del ws, w, b
     # free-knob alternatives (informs the per-M table): TMA off, other stage counts
-    if not quick:
+    if not quick and not os.environ.get("TIK_GEMM_SKIP_KNOBS"):
         for (N, K), M in (((19456, 2560), 64), ((19456, 2560), 4096), ((5120, 2048), 4096), ((12288, 4096), 1),
                           ((12288, 4096), 1024)):
             x, w, _ = _data(M, N, K, seed=5)
@@ -472,6 +492,7 @@ def run_bench(rec, quick: bool = False) -> None:
                   ratio_graph=bench.ratio(cub, ours, "graph_us") if ours and cub else None)
     del ws
     _bench_host_launch(rec)
+    B.summarize(rec, rows)
     rec.summarize("gemm_vs_cublas_small_m", ratios["small_m"])
     for key in ("small_m", "mid_m", "large_m"):
         for suffix in ("", "_graph", "_graph_l2"):

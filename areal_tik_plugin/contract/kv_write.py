@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from areal_tik_plugin.contract import baselines as B
+
 from areal_tik_plugin.contract._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, copy_of, graph_vs_eager,
                                           rand, ratio, streamed, tbps, timed)
 from areal_tik_plugin.ops import kv_write
@@ -134,8 +136,13 @@ def run_checks(rec, quick: bool = False) -> None:
     rec.run("dtypes", _check_dtypes, rec, 8, 128)
 
 
+INDEX_PUT = "torch index_put (SGLang's set_kv_buffer: k_buffer[loc] = k; v_buffer[loc] = v)"
+
+
 def run_bench(rec, quick: bool = False) -> None:
+    """Ours vs what SGLang runs to write the new tokens' K/V into its pool (torch index_put)."""
     torch.manual_seed(0)
+    rows = []
     ratios = {k: [] for k in ("vs_torch_index_put", "vs_torch_index_put_graph", "hbm_frac_T4096plus",
                               "hbm_frac_T4096plus_graph")}
     Ts = QUICK_BENCH_T if quick else BENCH_T
@@ -158,7 +165,9 @@ def run_bench(rec, quick: bool = False) -> None:
                          lambda i: (lambda k=copy_of(k, i), v=copy_of(v, i), loc=loc if i == 0 else _loc(T, seed=T + 1000 * i):
                                     kv_write(kc, vc, loc, k, v)))
             bw = tbps(nbytes, ours)
-            row = {"T": T, "kv_heads": hkv, "bytes": nbytes, "ours": ours, "torch_index_put": base, "ours_bw": bw}
+            row = {"T": T, "kv_heads": hkv, "bytes": nbytes, "ours": ours, "torch_index_put": base, "ours_bw": bw,
+                   **{k: v for k, v in B.build_row(ours, {INDEX_PUT: base}).items() if k != "ours"}}
+            rows.append(row)
             c, g = ratio(base, ours, "cold_us"), ratio(base, ours, "graph_us")
             row["vs_torch_cold"], row["vs_torch_graph"] = c, g
             ratios["vs_torch_index_put"].append(c)
@@ -166,5 +175,6 @@ def run_bench(rec, quick: bool = False) -> None:
             if T >= 4096:
                 add_shares(ratios, bw, T)
             rec.bench(f"kv_write[{name}/T{T}]", **row)
+    B.summarize(rec, rows)
     for k, v in ratios.items():
         rec.summarize(k, v)

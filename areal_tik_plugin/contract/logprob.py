@@ -6,8 +6,9 @@ logits; per-row fp32 temperature tensor (the SGLang sampler) == float temperatur
 with/without entropy; autograd forward == inference forward; free launch knobs; CUDA-graph replay ==
 eager. Accuracy vs fp64 (and not worse
 than torch's fp32 log_softmax); gradients (log-prob and entropy) vs fp64.
-Benchmarks: vs the AReaL-style torch path (log_softmax(logits.float() / T).gather in 1024-row chunks),
-forward and training forward+backward; TB/s.
+Benchmarks: vs AReaL's own compiled gather_logprobs / gather_logprobs_entropy (the uncompiled chunked
+torch path as context), forward and training forward+backward; Liger's fused linear cross-entropy
+against cuBLAS lm_head + ours; TB/s and shares of spec / measured copy.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin import bench
-from areal_tik_plugin.contract._rowops import (DEV, HBM_TBPS, add_shares, copy_of, graph_vs_eager, knobs, ratio, rel_l2,
-                                          row_slices, shuffled_rows, streamed, tbps, timed)
+from areal_tik_plugin.contract import baselines as B
+from areal_tik_plugin.contract._rowops import (DEV, add_shares, copy_of, graph_vs_eager, knobs, rel_l2, row_slices,
+                                               shuffled_rows, streamed, tbps)
 from areal_tik_plugin.runtime.loader import get_implementation
 from areal_tik_plugin.ops import token_logprobs
 
@@ -199,34 +201,67 @@ def _fwd_bwd_time(rec, name, fn):
         return None
 
 
+def _areal_fns():
+    """AReaL's own log-prob functions as its FSDP actor calls them (``areal.utils.functional``: 1024-row
+    chunks of a ``torch.compile``'d log_softmax + gather, compiled at AReaL's import)."""
+    B.require("areal")
+    try:
+        from areal.utils.functional import gather_logprobs, gather_logprobs_entropy
+    except Exception as e:
+        raise B.Unavailable(f"areal.utils.functional not importable ({type(e).__name__}: {e})"[:240])
+    return gather_logprobs, gather_logprobs_entropy
+
+
+AREAL_NAME = "areal.utils.functional.gather_logprobs (AReaL {v}, torch.compile'd at import)"
+AREAL_ENT_NAME = "areal.utils.functional.gather_logprobs_entropy (AReaL {v}, torch.compile'd at import)"
+LIGER_FLCE = ("liger_kernel.transformers.LigerFusedLinearCrossEntropyLoss (reduction='none', lm_head GEMM fused, "
+              "temperature 1)")
+FLCE_T = (1024, 4096)
+FLCE_HIDDEN = 2560  # Qwen3-4B
+
+
+def _areal_version():
+    from areal_tik_plugin.contract.baselines import versions
+
+    return versions().get("areal")
+
+
 def run_bench(rec, quick: bool = False) -> None:
+    """Ours vs AReaL's own compiled ``gather_logprobs`` / ``gather_logprobs_entropy`` (forward, and the
+    training forward+backward); the uncompiled torch chunked path as context. Liger's fused linear
+    cross-entropy (which includes the lm_head GEMM) against ours after cuBLAS's lm_head, at temperature 1."""
     torch.manual_seed(0)
-    keys = ("vs_areal_chunked", "vs_areal_chunked_graph", "train_fwd_bwd_vs_areal_chunked",
-            "hbm_frac_T4096plus", "hbm_frac_T4096plus_graph", "hbm_frac_T4096plus_graph_with_entropy")
-    ratios = {k: [] for k in keys}
+    ratios, rows, rows_ent, rows_train = {}, [], [], []
     temp = 0.7
+    v = _areal_version()
     for T in (QUICK_BENCH_T if quick else BENCH_T):
         x, tok = _data(T, seed=T)
-        ours = timed(rec, "logprob/ours", lambda: token_logprobs(x, tok, temp))
-        base = timed(rec, "logprob/areal", lambda: _areal_chunked(x, tok, temp))
-        # the trainer's call when it logs the entropy (the sampler's call, timed above, skips those sums)
-        ours_ent = timed(rec, "logprob/ours_entropy", lambda: token_logprobs(x, tok, temp, return_entropy=True))
+        base = B.collect(rec, "logprob", {AREAL_NAME.format(v=v): lambda: (lambda f=_areal_fns()[0]: f(x, tok, temp))})
         nbytes = T * VOCAB * 2 + T * 16
+        row = B.compare(rec, f"logprob[T{T}]", lambda: token_logprobs(x, tok, temp), base,
+                        {"eager_torch_chunked (AReaL's code uncompiled)": lambda: _areal_chunked(x, tok, temp)},
+                        T=T, V=VOCAB, bytes=nbytes)
+        ours = row["ours"]
         if T >= 4096:  # >= 1.2 GB: one copy (the same-buffer replay already streams from HBM)
             streamed(rec, "logprob/ours", ours, nbytes,
                      lambda i: (lambda x=copy_of(x, i), tok=tok: token_logprobs(x, tok, temp)))
-        bw = tbps(nbytes, ours)
-        bw_ent = tbps(nbytes, ours_ent)
-        row = {"T": T, "V": VOCAB, "bytes": nbytes, "ours": ours, "areal_chunked": base, "ours_bw": bw,
-               "ours_with_entropy": ours_ent, "ours_with_entropy_bw": bw_ent}
-        c, g = ratio(base, ours, "cold_us"), ratio(base, ours, "graph_us")
-        row["vs_areal_cold"], row["vs_areal_graph"] = c, g
-        ratios["vs_areal_chunked"].append(c)
-        ratios["vs_areal_chunked_graph"].append(g)
+        row["ours_bw"] = bw = tbps(nbytes, ours)
+        if bw:
+            row["ours_share"] = B.shares(bw.get("graph_tbps"), B.measured_copy_tbps())
+        rows.append(row)
+        # the trainer's call when it logs the entropy
+        base = B.collect(rec, "logprob_entropy",
+                         {AREAL_ENT_NAME.format(v=v): lambda: (lambda f=_areal_fns()[1]: f(x, tok, temp))})
+        row_e = B.compare(rec, f"logprob_entropy[T{T}]", lambda: token_logprobs(x, tok, temp, return_entropy=True),
+                          base, None, T=T, V=VOCAB, bytes=nbytes)
+        bw_ent = tbps(nbytes, row_e["ours"])
+        row_e["ours_bw"] = bw_ent
+        rows_ent.append(row_e)
         if T >= 4096:
             add_shares(ratios, bw, T)
             if bw_ent and bw_ent.get("graph_tbps"):
-                ratios["hbm_frac_T4096plus_graph_with_entropy"].append(bw_ent["graph_tbps"] / HBM_TBPS)
+                ratios.setdefault("hbm_frac_T4096plus_graph_with_entropy", []).append(
+                    bw_ent["graph_tbps"] / B.HBM_SPEC_TBPS)
         if T in (1024, 4096):
             xr = x.clone().requires_grad_()
             gl = torch.randn(T, device=DEV)
@@ -236,17 +271,62 @@ def run_bench(rec, quick: bool = False) -> None:
                 (token_logprobs(xr, tok, temp) * gl).sum().backward()
 
             def areal_train():
+                f = _areal_fns()[0]
+
+                def run():
+                    xr.grad = None
+                    (f(xr, tok, temp) * gl).sum().backward()
+                return run
+
+            def eager_train():
                 xr.grad = None
                 (_areal_chunked(xr, tok, temp) * gl).sum().backward()
 
-            to, ta = _fwd_bwd_time(rec, "logprob/ours_train", ours_train), _fwd_bwd_time(rec, "logprob/areal_train", areal_train)
-            row["train_fwd_bwd"] = {"ours": to, "areal_chunked": ta}
-            r = ratio(ta, to, "cold_us")
-            row["train_fwd_bwd_vs_areal_cold"] = r
-            ratios["train_fwd_bwd_vs_areal_chunked"].append(r)
-            del xr
-        rec.bench(f"logprob[T{T}]", **row)
-        del x
+            base = B.collect(rec, "logprob_train", {AREAL_NAME.format(v=v): areal_train})
+            rows_train.append(B.compare(rec, f"logprob_train_fwd_bwd[T{T}]", ours_train, base,
+                                        {"eager_torch_chunked (AReaL's code uncompiled)": eager_train},
+                                        graph=False, T=T, V=VOCAB))
+            xr = None
+        x = None  # noqa: F841 -- frees this T's logits before the next T's
         torch.cuda.empty_cache()
-    for k, v in ratios.items():
-        rec.summarize(k, v)
+    rows_flce = _bench_flce(rec, quick)
+    B.summarize(rec, rows)
+    B.summarize(rec, rows_ent, prefix="entropy.")
+    B.summarize(rec, rows_train, prefix="train_fwd_bwd.")
+    B.summarize(rec, rows_flce, prefix="fused_linear_train_fwd_bwd.")
+    for k, vals in ratios.items():
+        rec.summarize(k, vals)
+
+
+def _bench_flce(rec, quick):
+    """Training forward+backward of lm_head + per-token log-prob: ours = cuBLAS ``F.linear`` then our
+    log-prob kernel; Liger's fused linear cross-entropy (chunked GEMM + CE in one op, per-token loss =
+    -log-prob) where Liger is importable."""
+    rows = []
+    for T in FLCE_T[:1] if quick else FLCE_T:
+        g = torch.Generator(device=DEV).manual_seed(T)
+        h = (torch.randn(T, FLCE_HIDDEN, device=DEV, generator=g)).to(torch.bfloat16).requires_grad_()
+        W = (torch.randn(VOCAB, FLCE_HIDDEN, device=DEV, generator=g) * 0.02).to(torch.bfloat16).requires_grad_()
+        tok = torch.randint(0, VOCAB, (T,), device=DEV, generator=g)
+
+        def ours():
+            h.grad = W.grad = None
+            token_logprobs(torch.nn.functional.linear(h, W), tok, 1.0).sum().backward()
+
+        def liger_fn():
+            B.liger()
+            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+            loss = LigerFusedLinearCrossEntropyLoss(reduction="none")
+
+            def run():
+                h.grad = W.grad = None
+                (-loss(W, h, tok)).sum().backward()
+            return run
+
+        base = B.collect(rec, "logprob_flce", {LIGER_FLCE: liger_fn})
+        rows.append(B.compare(rec, f"fused_linear_logprob_train[T{T}/H{FLCE_HIDDEN}]", ours, base, None,
+                              graph=False, T=T, H=FLCE_HIDDEN, V=VOCAB))
+        h = W = None  # noqa: F841
+        torch.cuda.empty_cache()
+    return rows

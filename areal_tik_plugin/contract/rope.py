@@ -5,16 +5,17 @@ Checks (bitwise): tokens of a 16384-token packed call (positions restart per seq
 == the same tokens in calls of 1..4096 tokens and shuffled, int32 == int64 positions, k=None,
 strided QKV views == contiguous, free launch knobs (heads per program, warps) do not change bits,
 CUDA-graph replay == eager. Accuracy vs fp64 and not worse than HF's apply_rotary_pos_emb;
-gradients. Benchmarks: vs HF eager (apply only, and cos/sin + apply) and Liger-Kernel, TB/s.
+gradients. Benchmarks: vs the strongest of FlashInfer's RoPE (cos/sin cache in place; pos ids), Liger
+and torch.compile of HF's rotary path (eager HF as context), TB/s and shares of spec / measured copy.
 """
 
 from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin.contract._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, copy_of, graph_vs_eager,
-                                          knobs, liger, rand, ratio, rel_l2, row_slices, shuffled_rows, streamed,
-                                          tbps, timed)
+from areal_tik_plugin.contract._rowops import (BENCH_T, DEV, MODELS, QUICK_BENCH_T, add_shares, copy_of, graph_vs_eager, knobs,
+                                               rand, rel_l2, row_slices, shuffled_rows, streamed, tbps)
+from areal_tik_plugin.contract import baselines as B
 from areal_tik_plugin.ops import apply_rope, apply_rope_kv_write
 
 N_FULL = 16384   # tokens of the full-sequence call
@@ -239,13 +240,23 @@ def _liger_rope():
         return None
 
 
+MAX_POS = 32768
+
+
+def _cos_sin_cache(inv):
+    """SGLang's RotaryEmbedding cache: fp32 [max_pos, d], cos in the first half, sin in the second."""
+    f = torch.arange(MAX_POS, device=DEV, dtype=torch.float32)[:, None] * inv[None, :]
+    return torch.cat([f.cos(), f.sin()], -1).contiguous()
+
+
 def run_bench(rec, quick: bool = False) -> None:
+    """Ours (cos/sin from the positions in the kernel) vs the strongest of FlashInfer's two RoPE entry
+    points (SGLang's fp32 cos/sin cache, in place; cos/sin computed in the kernel), Liger's RoPE (given
+    HF's cos/sin, computed outside the timed call) and ``torch.compile`` of HF's rotary embedding +
+    ``apply_rotary_pos_emb`` from the positions; eager HF (with and without cos/sin) as context."""
     torch.manual_seed(0)
-    liger(rec)
     lg = _liger_rope()
-    keys = ("vs_hf_eager", "vs_hf_eager_graph", "vs_hf_eager_incl_cos_sin", "vs_hf_eager_incl_cos_sin_graph",
-            "vs_liger", "vs_liger_graph", "hbm_frac_T4096plus", "hbm_frac_T4096plus_graph")
-    ratios = {k: [] for k in keys}
+    ratios, rows = {}, []
     try:
         hf_apply = _hf_apply()
     except Exception as e:
@@ -255,32 +266,55 @@ def run_bench(rec, quick: bool = False) -> None:
     for name, cfg in MODELS.items():
         hq, hkv, d, theta = cfg["hq"], cfg["hkv"], cfg["d"], cfg["theta"]
         inv = _inv_freq(d, theta)
+        cache = _cos_sin_cache(inv)
+        c_hf = B.try_compiled(
+            (lambda q, k, pos: hf_apply(q, k, *_hf_cos_sin(pos, inv, 1.0, torch.bfloat16), unsqueeze_dim=1))
+            if hf_apply else None, "HF rotary + apply_rotary_pos_emb")
         for T in Ts:
             q, k = rand(T, hq, d, seed=T), rand(T, hkv, d, seed=T + 1)
-            pos = torch.randint(0, 32768, (T,), device=DEV)
+            pos = torch.randint(0, MAX_POS, (T,), device=DEV)
+            pos32 = pos.to(torch.int32)
             cos, sin = _hf_cos_sin(pos, inv, 1.0, torch.bfloat16)
-            ours = timed(rec, "rope/ours", lambda: apply_rope(q, k, pos, inv))
-            hf = timed(rec, "rope/hf", lambda: hf_apply(q, k, cos, sin, unsqueeze_dim=1)) if hf_apply else None
-            hf_full = timed(rec, "rope/hf_full", lambda: hf_apply(q, k, *_hf_cos_sin(pos, inv, 1.0, torch.bfloat16),
-                                                                   unsqueeze_dim=1)) if hf_apply else None
-            lgt = None
-            if lg is not None:
+            qf, kf = q.reshape(T, hq * d).clone(), k.reshape(T, hkv * d).clone()  # in place: own buffers
+
+            def fi_cache():
+                fi = B.flashinfer("rowops")
+                return lambda: fi.rope.apply_rope_with_cos_sin_cache_inplace(pos, qf, kf, d, cache, is_neox=True)
+
+            def fi_pos_ids():
+                fi = B.flashinfer("rowops")
+                return lambda: fi.rope.apply_rope_pos_ids(q, k, pos32, rope_theta=theta)
+
+            def liger_call():
+                B.liger()
+                if lg is None:
+                    raise B.Unavailable("liger_kernel.transformers.rope.liger_rotary_pos_emb not importable")
                 q4, k4 = q.view(1, T, hq, d).transpose(1, 2), k.view(1, T, hkv, d).transpose(1, 2)
-                lgt = timed(rec, "rope/liger", lambda: lg(q4, k4, cos[None], sin[None]))
+                return lambda: lg(q4, k4, cos[None], sin[None])
+
+            base = B.collect(rec, "rope", {
+                "flashinfer.rope.apply_rope_with_cos_sin_cache_inplace (fp32 cos/sin cache)": fi_cache,
+                "flashinfer.rope.apply_rope_pos_ids (cos/sin in kernel)": fi_pos_ids,
+                "liger_kernel.transformers.rope.liger_rotary_pos_emb (cos/sin given)": liger_call,
+                "torch.compile(transformers Qwen3 rotary cos/sin + apply_rotary_pos_emb)":
+                    lambda: B.call_or_raise((lambda: c_hf(q, k, pos)) if callable(c_hf) else c_hf),
+            })
+            ctx = {} if hf_apply is None else {
+                "eager_hf": lambda: hf_apply(q, k, *_hf_cos_sin(pos, inv, 1.0, torch.bfloat16), unsqueeze_dim=1),
+                "eager_hf_apply_only": lambda: hf_apply(q, k, cos, sin, unsqueeze_dim=1)}
             nbytes = 2 * T * (hq + hkv) * d * 2 + T * 8
+            row = B.compare(rec, f"rope[{name}/T{T}]", lambda: apply_rope(q, k, pos, inv), base, ctx, T=T,
+                            heads=f"{hq}/{hkv}", bytes=nbytes)
+            ours = row["ours"]
             if T >= 4096:
                 streamed(rec, "rope/ours", ours, nbytes,
                          lambda i: (lambda q=copy_of(q, i), k=copy_of(k, i): apply_rope(q, k, pos, inv)))
-            bw = tbps(nbytes, ours)
-            row = {"T": T, "heads": f"{hq}/{hkv}", "bytes": nbytes, "ours": ours, "hf_eager_apply": hf,
-                   "hf_eager_cos_sin_apply": hf_full, "liger": lgt if lg is not None else "unavailable", "ours_bw": bw}
-            for key, base in (("vs_hf_eager", hf), ("vs_hf_eager_incl_cos_sin", hf_full), ("vs_liger", lgt)):
-                c, g = ratio(base, ours, "cold_us"), ratio(base, ours, "graph_us")
-                row[f"{key}_cold"], row[f"{key}_graph"] = c, g
-                ratios[key].append(c)
-                ratios[f"{key}_graph"].append(g)
+            row["ours_bw"] = bw = tbps(nbytes, ours)
+            if bw:
+                row["ours_share"] = B.shares(bw.get("graph_tbps"), B.measured_copy_tbps())
             if T >= 4096:
                 add_shares(ratios, bw, T)
-            rec.bench(f"rope[{name}/T{T}]", **row)
+            rows.append(row)
+    B.summarize(rec, rows)
     for k, v in ratios.items():
         rec.summarize(k, v)

@@ -4,7 +4,8 @@ widths of Qwen2.5-1.5B (8960), Qwen3-4B (9728) and Qwen3-30B-A3B experts (768).
 Checks (bitwise): fused == separate (views and copies); rows of a 16384-token call == the same rows
 in calls of 1..4096 tokens and shuffled; free launch knobs (block, warps) do not change bits;
 CUDA-graph replay == eager. Accuracy vs fp64 and not worse than HF ``act_fn(gate) * up``; gradients.
-Benchmarks: fused vs HF eager (silu(gate) * up on the two halves) and Liger-Kernel, TB/s.
+Benchmarks: fused vs the strongest of FlashInfer silu_and_mul, Liger SiLU-mul (contiguous gate / up) and
+torch.compile of HF's act_fn(gate) * up (eager HF as context), TB/s and shares of spec / measured copy.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import torch
 
 from areal_tik_plugin.runtime import loader
-from areal_tik_plugin.contract._rowops import (BENCH_T, MODELS, QUICK_BENCH_T, add_shares, check_native, check_native_autograd, copy_of,
-                                          graph_vs_eager, liger, native_host_row, rand, ratio, rel_l2, row_slices,
-                                          shuffled_rows, streamed, tbps, timed)
+from areal_tik_plugin.contract._rowops import (BENCH_T, MODELS, QUICK_BENCH_T, add_shares, check_native,
+                                               check_native_autograd, copy_of, graph_vs_eager, native_host_row,
+                                               rand, rel_l2, row_slices, shuffled_rows, streamed, tbps)
+from areal_tik_plugin.contract import baselines as B
 from areal_tik_plugin.ops import swiglu, swiglu_fused
 
 N_FULL = 16384   # rows of the full-sequence call
@@ -134,22 +136,13 @@ def run_checks(rec, quick: bool = False) -> None:
         rec.run(f"backward[{name}]", _check_backward, rec, I)
 
 
-def _liger_fn():
-    try:
-        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-
-        return LigerSiLUMulFunction.apply
-    except Exception:
-        return None
-
-
 def run_bench(rec, quick: bool = False) -> None:
+    """Ours (fused gate_up in, one pass) vs the strongest of FlashInfer's ``silu_and_mul`` on the same
+    fused tensor (what sgl-kernel ships; SGLang's MLP calls it), Liger's SiLU-mul fed the separate
+    contiguous gate / up tensors HF's two projections produce (no copies), and ``torch.compile`` of HF's
+    ``act_fn(gate) * up``; eager HF as labelled context."""
     torch.manual_seed(0)
-    liger(rec)
-    lg = _liger_fn()
-    keys = ("vs_hf_eager", "vs_hf_eager_graph", "vs_liger", "vs_liger_graph", "hbm_frac_T4096plus",
-            "hbm_frac_T4096plus_graph")
-    ratios = {k: [] for k in keys}
+    ratios, rows = {}, []
     try:
         act = _hf_act()
     except Exception as e:
@@ -157,33 +150,46 @@ def run_bench(rec, quick: bool = False) -> None:
         act = None
     Ts = QUICK_BENCH_T if quick else BENCH_T
     native_rows = []
+    fim = B.flashinfer_or_none()  # resolved once: no lookup inside a timed call
     for name, cfg in MODELS.items():
         I = cfg["inter"]
+        c_hf = B.try_compiled((lambda g, u: act(g) * u) if act else None, "act_fn(gate) * up")
         for T in Ts:
             gu = rand(T, 2 * I, scale=2.0, seed=T)
-            g, u = gu[:, :I], gu[:, I:]
-            ours = timed(rec, "swiglu/ours", lambda: swiglu_fused(gu))
-            hf = timed(rec, "swiglu/hf", lambda: act(g) * u) if act else None
-            lgt = timed(rec, "swiglu/liger", lambda: lg(g, u)) if lg else None
+            g, u = gu[:, :I].contiguous(), gu[:, I:].contiguous()  # HF: gate_proj(x), up_proj(x): two tensors
+
+            def fi():
+                return fim.activation.silu_and_mul(gu)
+
+            def lg():
+                from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+                return lambda: LigerSiLUMulFunction.apply(g, u)
+
+            base = B.collect(rec, "swiglu", {
+                "flashinfer.activation.silu_and_mul": lambda: (B.flashinfer("rowops"), fi)[1],
+                "liger_kernel.ops.swiglu.LigerSiLUMulFunction (contiguous gate, up)": lambda: (B.liger(), lg())[1],
+                "torch.compile(transformers ACT2FN['silu'](gate) * up)":
+                    lambda: B.call_or_raise((lambda: c_hf(g, u)) if callable(c_hf) else c_hf),
+            })
             nbytes = 3 * T * I * 2
+            row = B.compare(rec, f"swiglu[{name}/T{T}]", lambda: swiglu_fused(gu), base,
+                            {"eager_hf": (lambda: act(g) * u)} if act else None, T=T, I=I, bytes=nbytes)
+            ours = row["ours"]
             if T >= 4096:
                 streamed(rec, "swiglu/ours", ours, nbytes, lambda i: (lambda gu=copy_of(gu, i): swiglu_fused(gu)))
-            bw = tbps(nbytes, ours)
-            row = {"T": T, "I": I, "bytes": nbytes, "ours": ours, "hf_eager": hf,
-                   "liger": lgt if lg else "unavailable", "ours_bw": bw}
-            for key, base in (("vs_hf_eager", hf), ("vs_liger", lgt)):
-                c, gr = ratio(base, ours, "cold_us"), ratio(base, ours, "graph_us")
-                row[f"{key}_cold"], row[f"{key}_graph"] = c, gr
-                ratios[key].append(c)
-                ratios[f"{key}_graph"].append(gr)
+            row["ours_bw"] = bw = tbps(nbytes, ours)
+            if bw:
+                row["ours_share"] = B.shares(bw.get("graph_tbps"), B.measured_copy_tbps())
             if T >= 4096:
                 add_shares(ratios, bw, T)
-            rec.bench(f"swiglu[{name}/T{T}]", **row)
+            rows.append(row)
             if T <= 256:
                 impl = loader.current_module("swiglu")
                 h = native_host_row(rec, f"swiglu[{name}/T{T}]", lambda: swiglu_fused(gu),
                                     lambda: impl.forward_fused(gu), (lambda: act(g) * u) if act else None)
                 native_rows.append(h)
+    B.summarize(rec, rows)
     for k, v in ratios.items():
         rec.summarize(k, v)
     for k in ("native_vs_hf_host", "native_vs_python_host"):

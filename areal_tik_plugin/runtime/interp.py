@@ -7,6 +7,15 @@ sources run; only the executor differs. Two fixes to the interpreter are applied
   integers (Triton 3.6). We convert bf16/fp16 operands to exact float64 values first.
 * fp32 -> bf16 casts round to nearest even (the interpreter truncates; the GPU rounds).
 * ``int()`` of run-time scalars (loop bounds): made to work with numpy >= 2.3.
+* Import order: Triton decides between interpreter and compiled code when a ``@triton.jit`` function is
+  defined, and its own helpers (``tl.cdiv``, ``tl.sigmoid``, ``tl.max``...) are defined at
+  ``import triton``. When triton is imported before the interpreter is switched on (a user's
+  ``import triton`` first, or torch importing it for meta-tensor arithmetic), those helpers are
+  compiled-mode ``JITFunction`` objects whose ``__call__`` raises "Cannot call @triton.jit'd outside of
+  the scope of a kernel" when an interpreted kernel calls them. While interpreting, such a call runs the
+  helper as the interpreter runs its own device functions (the same Python function, patched
+  ``tl``), so the order of imports does not matter. The helper objects stay the same (the interpreter's
+  reductions recognise ``tl.standard._sum_combine`` etc. by identity).
 * Row invariance of ``tl.dot`` on the CPU: numpy's float32 matmul may block differently for
   different M. bf16/fp16 products are exact in float64 and a sum of up to a few hundred of them is
   exact there too, so computing in float64 and rounding once to float32 gives the correctly rounded
@@ -93,4 +102,27 @@ def _patch_interpreter_dot() -> None:
         return orig_cast(self, src, dst_type)
 
     builder_cls.cast_impl = cast_impl
+    _patch_jit_call()
     _PATCHED = True
+
+
+def _patch_jit_call() -> None:
+    """A compiled-mode ``JITFunction`` called while interpreting runs as an interpreted device function
+    (see the module doc: import order); outside the interpreter its call still raises Triton's error."""
+    from triton.runtime import interpreter as _itp
+    from triton.runtime.jit import JITFunction
+
+    if getattr(JITFunction.__call__, "_tik_interpreted", False):
+        return
+    orig_call = JITFunction.__call__
+
+    def __call__(self, *args, **kwargs):
+        if not interpreter_requested():
+            return orig_call(self, *args, **kwargs)
+        f = self.__dict__.get("_tik_interpreted_fn")
+        if f is None:
+            f = self.__dict__["_tik_interpreted_fn"] = _itp.InterpretedFunction(self.fn)
+        return f(*args, **kwargs)
+
+    __call__._tik_interpreted = True
+    JITFunction.__call__ = __call__

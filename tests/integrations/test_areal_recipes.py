@@ -103,6 +103,7 @@ def test_gpu_random_cell_sglang_command(tmp_path, monkeypatch):
     from areal_tik_plugin.integrations.areal import sglang_cmd as S
 
     monkeypatch.setattr(S, "real_sgl_kernel", lambda: False)
+    monkeypatch.setattr(S, "has_flashinfer", lambda: False)
     for mode in ("baseline", "tik"):
         cfg, tik, _ = compose({"model": "gpu-random-qwen3", "algorithm": "grpo", "staleness": "s0", "mode": mode,
                                "seed": 1}, [f"cluster.fileroot={tmp_path}", "+tik.sglang_device=cuda"])
@@ -119,6 +120,48 @@ def test_gpu_random_cell_sglang_command(tmp_path, monkeypatch):
         else:
             assert flags["--attention-backend"] == "triton" and env["SGLANG_PLUGINS"] == "none"
             assert env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch"
+
+
+def test_gpu_e2e_cell(tmp_path, monkeypatch):
+    """The end-to-end GPU cell: NCCL weight updates, AReaL's default FSDP attention unless overridden (the
+    step script's fallback), >= 20 measured steps after one warm-up that the data split can hold."""
+    from areal.api.cli_args import TrainEngineConfig
+
+    monkeypatch.delenv("TIK_E2E_ATTN_IMPL", raising=False)
+    for mode in ("baseline", "tik"):
+        cfg, tik, recipe = compose({"model": "gpu-e2e-qwen3", "algorithm": "grpo", "staleness": "s0", "mode": mode,
+                                    "seed": 1}, [f"cluster.fileroot={tmp_path}"])
+        assert recipe["model"] == "gpu-e2e-qwen3" and recipe["mode"] == mode
+        assert cfg.actor.weight_update_mode == "xccl" and cfg.cluster.n_gpus_per_node == 2
+        assert cfg.actor.attn_impl == TrainEngineConfig.__dataclass_fields__["attn_impl"].default == "flash_attention_2"
+        assert cfg.total_train_steps - 1 >= 20
+        rows = sum(1 for _ in open(os.path.join(ROOT, "tests", "data", "gsm8k_tiny", "main", "train-00000-of-00001.jsonl")))
+        assert cfg.total_train_epochs * (rows // cfg.train_dataset.batch_size) >= cfg.total_train_steps
+    monkeypatch.setenv("TIK_E2E_ATTN_IMPL", "sdpa")
+    cfg, _, _ = compose({"model": "gpu-e2e-qwen3", "algorithm": "grpo", "staleness": "s0", "mode": "baseline",
+                         "seed": 1}, [f"cluster.fileroot={tmp_path}"])
+    assert cfg.actor.attn_impl == "sdpa"
+
+
+def test_gpu_baseline_sglang_on_flashinfer_when_carried(tmp_path, monkeypatch):
+    """With FlashInfer importable (the carried wheel), the baseline server is SGLang's flashinfer attention
+    backend with sgl-kernel's fused ops served by FlashInfer (the stub's FlashInfer mode), not Triton +
+    torch-native ops."""
+    pytest.importorskip("sglang")
+    from areal_tik_plugin.integrations.areal import config as C
+    from areal_tik_plugin.integrations.areal import sglang_cmd as S
+
+    monkeypatch.setattr(S, "real_sgl_kernel", lambda: False)
+    monkeypatch.setattr(S, "has_flashinfer", lambda: True)
+    monkeypatch.delenv("TIK_SGL_KERNEL_SHIM", raising=False)
+    monkeypatch.delenv("SGLANG_FORCE_FUSED_OP_BACKEND", raising=False)
+    cfg, tik, _ = compose({"model": "gpu-random-qwen3", "algorithm": "grpo", "staleness": "s0", "mode": "baseline",
+                           "seed": 1}, [f"cluster.fileroot={tmp_path}", "+tik.sglang_device=cuda"])
+    C.apply(cfg, C.plan(cfg, tik, model_type="qwen3"), tik)
+    cmd, env = S.build_command(S.server_args_from_areal(cfg, port=30000), tik)
+    flags = dict(zip(cmd, cmd[1:]))
+    assert flags["--attention-backend"] == "flashinfer" and env["TIK_SGL_KERNEL_SHIM"] == "flashinfer"
+    assert "SGLANG_FORCE_FUSED_OP_BACKEND" not in env and env["SGLANG_PLUGINS"] == "none"
 
 
 def test_assign_gpus():

@@ -23,7 +23,7 @@ from areal_tik_plugin.integrations.sglang import layers as L  # noqa: E402
 # state, which must not leak into the other test modules of the same pytest session.
 _IN_CHILD = r"""
 import importlib.metadata, sys
-from areal_tik_plugin.integrations.sglang import plugin as sglang_plugin, sglang_launch
+from areal_tik_plugin.integrations.sglang import launch as sglang_launch, plugin as sglang_plugin
 from areal_tik_plugin.integrations.sglang import layers as L
 from areal_tik_plugin.integrations.sglang.backend import create_tik_backend
 

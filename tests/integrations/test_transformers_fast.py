@@ -1,5 +1,5 @@
-"""The transformers integration on the ops' internal entry points (static checks memoized per
-argument signature): every piece bit-identical to the public op sequence, a replaced or resized module
+"""The transformers integration on the public ops (static checks memoized per argument
+signature): every piece bit-identical to the public op sequence, a replaced or resized module
 weight checked again with the public op's error, the flat-positions cache of :class:`TikRotary`
 recomputed when its input changes. CPU: kernels run under TRITON_INTERPRET=1."""
 
@@ -12,11 +12,11 @@ import torch
 
 from areal_tik_plugin import ops
 from areal_tik_plugin.integrations import transformers as T
-from tests.ops.test_ops_fast import BF, assert_bits, rnd, same_error
+from tests.ops.test_memo import BF, assert_bits, rnd, same_error
 
 
 # ------------------------------------------------------------------------------------------------
-# integration layer on the fast entries
+# integration layer on the memoized public ops
 # ------------------------------------------------------------------------------------------------
 def _tiny_layer():
     from areal_tik_plugin.verify import build_model

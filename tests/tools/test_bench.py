@@ -68,7 +68,10 @@ def test_tbps_and_add_shares_copy_ceiling():
     assert not any("T65536" in k for k in ratios)     # no row of the large token count yet
     add_shares(ratios, bw, 65536)                     # a T=65536 row: in both lists
     assert len(ratios["hbm_frac_T4096plus_graph"]) == 3 and ratios["vs_copy_same_bytes_T65536_graph"] == [0.9]
-    assert abs(ratios["hbm_frac_T65536_graph"][0] - 1.0) < 1e-9 and len(ratios["hbm_frac_T65536"]) == 1
+    assert abs(ratios["hbm_frac_T65536_graph"][0] - 4.3 / HBM_TBPS) < 1e-9 and len(ratios["hbm_frac_T65536"]) == 1
+    assert HBM_TBPS == 4.8 and not any(k.startswith("measured_copy") for k in ratios)  # no GPU: no copy measured
+    add_shares(ratios, bw, 0, copy_tbps=4.0)  # against the copy measured in the process
+    assert abs(ratios["measured_copy_frac_T4096plus_graph"][0] - 4.3 / 4.0) < 1e-12
 
 
 def test_interleaved_medians_rounds_in_order_and_median():

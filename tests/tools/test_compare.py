@@ -43,7 +43,7 @@ def test_report_tables_and_plots(tmp_path):
     assert "| gsm8k-ppo-m-s2 | 4 | 5 | 1.250 |" in text
     assert "| gsm8k-ppo-m-s2 | 0.455 | 0.255 | 0.560 |" in text  # mean reward per mode + ratio
     assert "recompute_logp" in text and "| 0.97 | 1.04 |" in text
-    for png in ("throughput.png", "reward.png", "policy_loss.png", "grad_norm.png", "mismatch_frac.png"):
+    for png in ("throughput.png", "phases.png", "reward.png", "policy_loss.png", "grad_norm.png", "mismatch_frac.png"):
         assert (out / png).stat().st_size > 1000, png
 
 

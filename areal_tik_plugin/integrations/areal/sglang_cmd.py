@@ -67,6 +67,13 @@ def resolve_device(tik: TikConfig) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def has_flashinfer() -> bool:
+    """FlashInfer importable (on the GPU box: the carried trimmed wheel, devenv/flashinfer_wheel.py)."""
+    import importlib.util
+
+    return importlib.util.find_spec("flashinfer") is not None
+
+
 def real_sgl_kernel() -> bool:
     """True when an installed ``sgl_kernel`` (SGLang's CUDA kernel wheel) is importable; False when it
     is absent or is the plugin's import-only stand-in (``devenv/gpu_stubs/sgl_kernel``)."""
@@ -126,9 +133,18 @@ def build_command(server_args: dict, tik: TikConfig, python: str | None = None) 
                     args[k] = v
             for k, v in STUB_SGL_KERNEL_ENV.items():
                 env.setdefault(k, v)
-            if not tik.enable:
+            if not tik.enable and has_flashinfer():
+                # the stack a user runs: FlashInfer attention, the fused ops sgl-kernel ships served by
+                # FlashInfer through the stub's FlashInfer mode (devenv/gpu_stubs/sgl_kernel)
                 if args.get("attention_backend") in _NEEDS_SGL_KERNEL or not args.get("attention_backend"):
-                    print(f"[tik] SGLang (baseline, no sgl-kernel): attention backend "
+                    print(f"[tik] SGLang (baseline, sgl-kernel served by FlashInfer): attention backend "
+                          f"{args.get('attention_backend')!r} -> 'flashinfer'", flush=True)
+                    args["attention_backend"] = "flashinfer"
+                env.setdefault("TIK_SGL_KERNEL_SHIM", "flashinfer")
+                env.setdefault("SGLANG_PLUGINS", "none")
+            elif not tik.enable:
+                if args.get("attention_backend") in _NEEDS_SGL_KERNEL or not args.get("attention_backend"):
+                    print(f"[tik] SGLang (baseline, no sgl-kernel, no FlashInfer): attention backend "
                           f"{args.get('attention_backend')!r} -> {STOCK_CUDA_ATTENTION!r}; torch-native layer ops", flush=True)
                     args["attention_backend"] = STOCK_CUDA_ATTENTION
                 env.setdefault("SGLANG_FORCE_FUSED_OP_BACKEND", "torch")

@@ -1,4 +1,5 @@
-"""Import-only stand-in for ``sgl_kernel`` (SGLang's CUDA kernel wheel, not carried to the GPU box).
+"""Import-only stand-in for ``sgl_kernel`` (SGLang's CUDA kernel wheel, not carried to the GPU box);
+with ``TIK_SGL_KERNEL_SHIM=flashinfer`` the fused ops SGLang calls are served by FlashInfer (below).
 
 SGLang on CUDA imports sgl_kernel functions at module import time even when a backend never calls
 them. With ``--attention-backend tik`` every hot op runs through areal_tik_plugin.ops; anything that
@@ -7,8 +8,10 @@ The submodules in ``SUBMODULES`` are created on import by the finder below; the 
 importing SGLang's CUDA code paths with a faked CUDA device on the CPU machine.
 """
 
+import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import types
 
@@ -51,6 +54,49 @@ def _is_arch_support_pdl() -> bool:
 
 
 _IMPLEMENTED = {"sgl_kernel.utils": {"is_arch_support_pdl": _is_arch_support_pdl}}
+
+# ``TIK_SGL_KERNEL_SHIM=flashinfer``: the sgl_kernel functions SGLang calls for a Qwen3 dense / MoE model
+# on its stock path, served by FlashInfer's kernels of the same name and signature (sgl-kernel's
+# norm / activation / RoPE / sampling kernels are FlashInfer's; the wheel cannot be carried). Anything
+# not in this table still raises, naming the function. Calls are counted in ``CALLS`` (per name).
+FLASHINFER_MAP = {
+    "rmsnorm": ("flashinfer.norm", "rmsnorm"),
+    "fused_add_rmsnorm": ("flashinfer.norm", "fused_add_rmsnorm"),
+    "gemma_rmsnorm": ("flashinfer.norm", "gemma_rmsnorm"),
+    "gemma_fused_add_rmsnorm": ("flashinfer.norm", "gemma_fused_add_rmsnorm"),
+    "silu_and_mul": ("flashinfer.activation", "silu_and_mul"),
+    "gelu_and_mul": ("flashinfer.activation", "gelu_and_mul"),
+    "gelu_tanh_and_mul": ("flashinfer.activation", "gelu_tanh_and_mul"),
+    "apply_rope_with_cos_sin_cache_inplace": ("flashinfer.rope", "apply_rope_with_cos_sin_cache_inplace"),
+    "top_k_renorm_prob": ("flashinfer.sampling", "top_k_renorm_probs"),
+    "top_p_renorm_prob": ("flashinfer.sampling", "top_p_renorm_probs"),
+    "top_k_top_p_sampling_from_probs": ("flashinfer.sampling", "top_k_top_p_sampling_from_probs"),
+    "min_p_sampling_from_probs": ("flashinfer.sampling", "min_p_sampling_from_probs"),
+}
+CALLS: dict = {}
+MODE = os.environ.get("TIK_SGL_KERNEL_SHIM", "raise")
+if MODE not in ("raise", "flashinfer"):
+    raise ValueError(f"TIK_SGL_KERNEL_SHIM: expected 'raise' or 'flashinfer', got {MODE!r}")
+
+
+def _flashinfer_fn(name):
+    modname, attr = FLASHINFER_MAP[name]
+    target = []
+
+    def fn(*args, **kwargs):
+        if not target:  # resolved at the first call: importing sgl_kernel must not import flashinfer
+            target.append(getattr(importlib.import_module(modname), attr))
+        CALLS[name] = CALLS.get(name, 0) + 1
+        return target[0](*args, **kwargs)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"sgl_kernel.{name} served by {modname}.{attr} (TIK_SGL_KERNEL_SHIM=flashinfer)"
+    return fn
+
+
+if MODE == "flashinfer":
+    for _n in FLASHINFER_MAP:
+        globals()[_n] = _flashinfer_fn(_n)
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
