@@ -733,9 +733,9 @@ def _cmd_verify_megatron(args) -> int:
     try:
         from areal_tik_plugin.integrations.megatron import verify as MV
 
-        rep = MV.run_verify_megatron(args.model, layers=args.layers, batch=args.batch, prompt_len=args.prompt_len,
-                                     response_len=args.response_len, page_size=args.page_size, seed=args.seed,
-                                     device=args.device)
+        rep = MV.run_verify_megatron(sys.modules[__name__], args.model, layers=args.layers, batch=args.batch,
+                                     prompt_len=args.prompt_len, response_len=args.response_len,
+                                     page_size=args.page_size, seed=args.seed, device=args.device)
     except ImportError as e:
         print(f"tik verify --engine megatron: needs megatron-core (pip install 'areal-tik-plugin[megatron]'): {e}",
               file=sys.stderr)

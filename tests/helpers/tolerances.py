@@ -14,5 +14,5 @@ ATTN_TOL = {
 # relative L2 error of a training step's parameter gradients (bf16 forward + backward of a whole
 # tiny model vs the same model in fp32): activations and weights rounded to bf16 in every layer
 GRAD_REL_TOL = {
-    torch.bfloat16: 5e-2,
+    torch.bfloat16: 3e-2,
 }

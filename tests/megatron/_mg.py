@@ -44,3 +44,22 @@ def seqs(vocab: int, lengths, seed: int = 1):
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     ib = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.contiguous().view(ib), b.contiguous().view(ib))
+
+
+class CudaToCpu:
+    """A TorchFunctionMode that turns ``device="cuda"`` arguments into ``"cpu"``: megatron-core's
+    training schedules allocate their token counters with a hard-coded ``device="cuda"``; this runs
+    them unchanged on the CPU (nothing else is intercepted)."""
+
+    def __new__(cls):
+        from torch.overrides import TorchFunctionMode
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = dict(kwargs or {})
+                d = kwargs.get("device")
+                if d == "cuda" or (isinstance(d, torch.device) and d.type == "cuda"):
+                    kwargs["device"] = "cpu"
+                return func(*args, **kwargs)
+
+        return _Mode()

@@ -4,9 +4,9 @@ checkpoints; AReaL's Megatron engine module runs its log-prob code on the plugin
 
 What does not run on CPU (and is not faked here): ``MegatronEngine.initialize()`` -- it calls
 ``current_platform.set_device(LOCAL_RANK)`` and builds the model through ``mbridge.Bridge.get_model``,
-which moves every chunk to ``torch.cuda.current_device()``; the optimizer and the training schedule
-also hard-code CUDA. The model creation inside it is the patched ``LLMBridge._model_provider``,
-which the mbridge test below calls directly.
+which moves every chunk to ``torch.cuda.current_device()``. The model creation inside it is the
+patched ``LLMBridge._model_provider``, which the mbridge test below calls directly; the training
+schedules run in test_spec.py / test_parallel.py.
 """
 
 from __future__ import annotations
@@ -160,5 +160,20 @@ def test_install_routes_megatron_logprobs_through_the_plugin_op(megatron_engine)
     ids = torch.randint(0, 97, (1, 13), generator=g)
     engine = NS(config=NS(is_critic=False, temperature=0.7), enable_tree_training=False)
     got = ME.MegatronEngine._compute_forward_result(engine, logits, {"input_ids": ids})
-    want = ops.token_logprobs(logits.reshape(-1, 97), torch.roll(ids, -1, -1).reshape(-1), temperature=0.7)
+    labels = torch.roll(ids, -1, -1).reshape(-1)
+    want = ops.token_logprobs(logits.reshape(-1, 97), labels, temperature=0.7)
     assert bits_equal(got.reshape(-1), want)
+    # the training loss path: log-probs and entropy handed to AReaL's loss function, with gradients
+    seen = {}
+
+    def loss_fn(logprobs, entropy, inputs, **kw):
+        seen["lp"], seen["ent"] = logprobs, entropy
+        return -logprobs.sum()
+
+    leaf = logits.float().requires_grad_(True)
+    loss = ME.MegatronEngine._compute_logprobs_and_loss(engine, leaf.to(torch.bfloat16), {"input_ids": ids}, loss_fn,
+                                                        lambda _: torch.tensor(1.0), torch.tensor(1.0))
+    loss.backward()
+    lp, ent = ops.token_logprobs(logits.reshape(-1, 97), labels, temperature=0.7, return_entropy=True)
+    assert bits_equal(seen["lp"].reshape(-1), lp) and bits_equal(seen["ent"].reshape(-1), ent)
+    assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())

@@ -2,9 +2,9 @@
 one-process model: logits and every parameter gradient of a training step.
 
 Pipeline: each stage is a GPTModel built by the plugin (``pre_process`` / ``post_process`` per stage,
-layers by megatron-core's offsets); the activation and its gradient travel with ``dist.send`` /
-``dist.recv`` because megatron-core's pipeline schedules allocate their p2p buffers on
-``torch.cuda.current_device()`` (no CPU path). Expert parallel: each rank holds half the experts
+layers by megatron-core's offsets), trained through megatron-core's own pipeline schedule (1F1B,
+p2p over gloo); CPU shims in the ranks only: ``torch.cuda.current_device`` -> "cpu" (p2p buffers),
+``torch.cuda.synchronize`` a no-op, ``device="cuda"`` factory arguments -> cpu (token counters). Expert parallel: each rank holds half the experts
 (``weight{j}`` = expert ``rank * E/2 + j``) and both run the same tokens, so an expert's gradient is
 exactly twice the one-process gradient (the all-gather's backward sums the two ranks').
 """
@@ -30,14 +30,18 @@ def _port():
         return s.getsockname()[1]
 
 
-def _spawn(mode, name, tmp_path):
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Both set-ups in one pair of spawned processes (start-up dominates the cost)."""
     import torch.multiprocessing as mp
 
     from tests.megatron import _parallel_worker as W
 
-    mp.start_processes(W.run, args=(2, _port(), mode, name, LENS, str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
-    return [torch.load(os.path.join(tmp_path, f"rank{r}.pt")) for r in range(2)]
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # spawned ranks inherit it
+    d = str(tmp_path_factory.mktemp("parallel"))
+    jobs = [("pp", "tiny-qwen3"), ("ep", "tiny-qwen3-moe")]
+    mp.start_processes(W.run, args=(2, _port(), jobs, LENS, d), nprocs=2, join=True, start_method="spawn")
+    return {m: [torch.load(os.path.join(d, f"{m}_rank{r}.pt")) for r in range(2)] for m, _ in jobs}
 
 
 def _reference(name):
@@ -56,14 +60,9 @@ def _reference(name):
     return lg.detach(), C.mcore_to_hf([({k: p.grad for k, p in mg.named_parameters()}, 0)], hf.config)
 
 
-@pytest.fixture(scope="module")
-def env():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # spawned ranks inherit it
-
-
-def test_pipeline_parallel_2_same_bits_as_1(env, tmp_path):
+def test_pipeline_parallel_2_same_bits_as_1(ranks):
     ref_logits, ref_grads = _reference("tiny-qwen3")
-    r0, r1 = _spawn("pp", "tiny-qwen3", tmp_path)
+    r0, r1 = ranks["pp"]
     from areal_tik_plugin.integrations.megatron import convert as C
 
     assert r0["layer_offset"] == 0 and r1["layer_offset"] == 1
@@ -74,11 +73,11 @@ def test_pipeline_parallel_2_same_bits_as_1(env, tmp_path):
         assert bits_equal(got[k], g), k
 
 
-def test_expert_parallel_2_same_bits_as_1(env, tmp_path):
+def test_expert_parallel_2_same_bits_as_1(ranks):
     ref_logits, ref_grads = _reference("tiny-qwen3-moe")
     from areal_tik_plugin.integrations.megatron import convert as C
 
-    r0, r1 = _spawn("ep", "tiny-qwen3-moe", tmp_path)
+    r0, r1 = ranks["ep"]
     for r in (r0, r1):
         assert bits_equal(r["logits"], ref_logits)
     g0, g1 = r0["grads"], r1["grads"]
@@ -92,3 +91,9 @@ def test_expert_parallel_2_same_bits_as_1(env, tmp_path):
     for k in g0:
         if ".mlp.experts." not in k:
             assert bits_equal(g1[k], g0[k]), k
+    # distributed checkpoint: expert entries keyed by the global expert id, disjoint across EP ranks
+    e0 = {key for key, _ in r0["ckpt_keys"].values() if ".experts." in key}
+    e1 = {key for key, _ in r1["ckpt_keys"].values() if ".experts." in key}
+    # (the layer index is megatron-core's prepended offset axis, not part of the key)
+    assert not e0 & e1 and len(e0) == len(e1) == 2 * 4 and len(e0 | e1) == 2 * 8  # fc1 + fc2, 8 experts
+    assert "decoder.layers.mlp.experts.linear_fc1.weight7" in e1

@@ -180,3 +180,40 @@ def test_tied_embeddings_output_layer():
     with torch.no_grad():
         for a, b in zip(megatron_packed_logits(mg.eval(), xs, "cpu"), V.hf_packed_logits(hf, xs, "cpu")):
             assert bits_equal(a, b)
+
+
+def test_megatron_training_schedule_runs_the_spec(models):
+    """megatron-core's own ``forward_backward_no_pipelining`` (what AReaL's engine calls for PP 1)
+    over the plugin spec: the same gradients, bit for bit, as a direct backward."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from areal_tik_plugin.integrations.megatron.verify import megatron_packed_logits, packed_params
+
+    hf, mg = models
+    xs = seqs(hf.config.vocab_size, [5, 8], 11)
+    n = [int(x.numel()) for x in xs]
+    ids, pos = torch.cat(xs)[None], torch.cat([torch.arange(k) for k in n])[None]
+    loss_of = lambda lg: -torch.log_softmax(lg.float(), -1).gather(1, torch.roll(ids[0], -1)[:, None]).sum()  # noqa: E731
+
+    def step(it, model):
+        b = next(it)
+        out = model(b["ids"], b["pos"], None, packed_seq_params=packed_params(n, "cpu"))
+        return out, lambda o: (loss_of(o[0]), {"loss": loss_of(o[0]).detach()})
+
+    mg.train()
+    try:
+        mg.zero_grad(set_to_none=True)
+        with _mg.CudaToCpu():
+            res = get_forward_backward_func()(forward_step_func=step, data_iterator=iter([{"ids": ids, "pos": pos}]),
+                                              model=[mg], num_microbatches=1, seq_length=sum(n), micro_batch_size=1,
+                                              forward_only=False)
+        sched = {k: p.grad.clone() for k, p in mg.named_parameters()}
+        mg.zero_grad(set_to_none=True)
+        direct = loss_of(torch.cat(megatron_packed_logits(mg, xs, "cpu")))
+        direct.backward()
+        assert bits_equal(res[0]["loss"], direct.detach())
+        for k, p in mg.named_parameters():
+            assert bits_equal(sched[k], p.grad), k
+    finally:
+        mg.zero_grad(set_to_none=True)
+        mg.eval()

@@ -73,7 +73,7 @@ def _patch_megatron(tik: TikConfig) -> None:
 
     monitor = lambda engine, data: _monitor_step(engine, data, tik)  # noqa: E731
     if tik.enable:
-        _say(MA.install(tik, monitor))
+        _say(MA.install(tik, monitor, replace_everywhere))
     else:  # baseline: stock spec and log-probs, the monitor only observes
         MA.patch_engine_monitor_only(monitor)
 # -- end Megatron

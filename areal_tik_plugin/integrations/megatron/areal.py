@@ -120,28 +120,29 @@ def patch_engine_monitor_only(monitor_step) -> None:
     _DONE.add("monitor")
 
 
-def patch_engine(monitor_step) -> int:
-    """AReaL's Megatron engine: log-prob helpers -> the plugin's; the actor's monitor hook. Returns
-    how many name bindings were replaced."""
+def patch_engine(monitor_step, rebind) -> int:
+    """AReaL's Megatron engine: log-prob helpers -> the plugin's; the actor's monitor hook.
+    ``rebind(orig, new)`` rebinds every module-level name bound to ``orig`` under ``areal``
+    (:func:`areal_tik_plugin.integrations.areal.hooks.replace_everywhere`). Returns how many name
+    bindings were replaced."""
     if "engine" in _DONE:
         return 0
     import areal.engine.megatron_engine as ME
 
     from areal_tik_plugin.integrations import logprobs as LP
-    from areal_tik_plugin.integrations.areal.hooks import replace_everywhere
 
-    n = replace_everywhere(ME.gather_logprobs, LP.gather_logprobs)
-    n += replace_everywhere(ME.gather_logprobs_entropy, LP.gather_logprobs_entropy)
+    n = rebind(ME.gather_logprobs, LP.gather_logprobs)
+    n += rebind(ME.gather_logprobs_entropy, LP.gather_logprobs_entropy)
     ME.gather_logprobs, ME.gather_logprobs_entropy = LP.gather_logprobs, LP.gather_logprobs_entropy
     patch_engine_monitor_only(monitor_step)
     _DONE.add("engine")
     return n
 
 
-def install(tik, monitor_step) -> str:
+def install(tik, monitor_step, rebind) -> str:
     """Everything above, in this process; returns a one-line summary."""
     patch_mbridge()
-    n = patch_engine(monitor_step)
+    n = patch_engine(monitor_step, rebind)
     return (f"Megatron engine: mbridge spec getter -> the plugin's block spec, model chunks finalized; "
             f"gather_logprobs/gather_logprobs_entropy replaced ({n} bindings); mismatch monitor on "
             f"MegatronPPOActor")

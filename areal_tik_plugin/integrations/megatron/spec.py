@@ -390,8 +390,34 @@ class _ExpertWeights(torch.nn.Module):
     def stacked(self, dtype):
         return torch.stack([_as(getattr(self, f"weight{i}"), dtype) for i in range(self.n)])
 
+    def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+        """Distributed-checkpoint entries keyed by the *global* expert id (``weight{ep_rank * E_local
+        + i}``), replicated over the expert-data-parallel group only, so expert-parallel ranks
+        never write the same key."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.utils import make_sharded_tensor_for_checkpoint
+
+        ep_rank = ps.get_expert_model_parallel_rank()
+        replica = (0, 0, ps.get_expert_data_parallel_rank())
+        return {f"{prefix}weight{i}": make_sharded_tensor_for_checkpoint(
+                    getattr(self, f"weight{i}"), f"{prefix}weight{ep_rank * self.n + i}",
+                    prepend_offsets=sharded_offsets, replica_id=replica)
+                for i in range(self.n)}
+
+
+def _children_sharded_state_dict(module, prefix="", sharded_offsets=(), metadata=None):
+    """Distributed checkpoint of ``module`` = its children's (so :class:`_ExpertWeights` is reached)."""
+    from megatron.core.transformer.utils import sharded_state_dict_default
+
+    out = {}
+    for name, child in module.named_children():
+        out.update(sharded_state_dict_default(child, f"{prefix}{name}.", sharded_offsets, metadata))
+    return out
+
 
 class TikExperts(torch.nn.Module):
+    sharded_state_dict = _children_sharded_state_dict
+
     def __init__(self, config, n_local: int):
         super().__init__()
         I, H = config.moe_ffn_hidden_size, config.hidden_size
@@ -448,6 +474,8 @@ class TikMoE(torch.nn.Module):
         self.experts = TikExperts(config, config.num_moe_experts // ep)
         self.top_k = int(config.moe_router_topk)
         self.norm_topk_prob = not bool(config.moe_router_pre_softmax)
+
+    sharded_state_dict = _children_sharded_state_dict
 
     def set_layer_number(self, n):
         self.layer_number = n

@@ -6,7 +6,7 @@ weights into it (exact conversion), and compares bit for bit
 
 * ``megatron-vs-rollout``: the **Megatron full-sequence forward** M_upd(p‖y) (THD-packed, as AReaL's
   Megatron engine runs it) vs the **rollout** M_pre(p) ‖ M_dec(y|p): prefill + paged decode replayed
-  by :class:`areal_tik_plugin.verify.PagedRunner` on the weights converted back from Megatron to HF
+  by ``areal_tik_plugin.verify.PagedRunner`` on the weights converted back from Megatron to HF
   (what AReaL hands to SGLang after a Megatron update);
 * ``megatron-vs-hf``: Megatron vs the plugin-patched HF forward (packed, AReaL's FSDP layout);
 * ``megatron-packed-vs-separate``: the packed Megatron forward vs one sequence per call;
@@ -81,12 +81,14 @@ def megatron_model_from_hf(hf_model, dtype=None):
     return model, back
 
 
-def run_verify_megatron(model_name: str = "tiny-qwen3", *, layers: int | None = None, batch: int = 3,
+def run_verify_megatron(V, model_name: str = "tiny-qwen3", *, layers: int | None = None, batch: int = 3,
                         prompt_len: str = "9..23", response_len: str = "5..12", page_size: int = 16,
                         seed: int = 0, device: str | None = None) -> dict[str, Any]:
+    """``V``: the :mod:`areal_tik_plugin.verify` module, whose HF model builder, rollout replay
+    (:class:`PagedRunner`) and row checks this runner reuses; ``tik verify --engine megatron`` hands
+    itself in (the verify CLI imports this module, so this module does not import it back)."""
     import torch
 
-    from areal_tik_plugin import verify as V
     from areal_tik_plugin.integrations import transformers as TT
 
     t0 = time.time()
