@@ -4,8 +4,10 @@
 #
 # Carried wheels (build here, carry in the device call):
 #   python -m devenv.flashinfer_wheel .whl-fi       # trimmed flashinfer-python 0.7.4 + apache-tvm-ffi (~15 MiB)
-#   python -m devenv.areal_gpu_wheels .whl-areal    # areal 1.0.4 (its compiled log-prob) + liger-kernel (~3.4 MiB)
-#   device call: carry [".whl-fi", ".whl-areal"]; command: bash benchmarks/gpu_baselines.sh
+#   python -m devenv.areal_gpu_wheels .whl-areal --import-deps   # areal 1.0.4 (its compiled log-prob), liger-kernel
+#                                                   # and what `import areal` takes from the SGLang set (9.7 MiB)
+#   device call: carry [".whl-fi", ".whl-areal"] (15.5 + 9.7 MiB + the 13.5 MiB tree = ~39 MiB); command:
+#   bash benchmarks/gpu_baselines.sh   (.whl, the whole SGLang set (34 MiB), would not fit beside them)
 #
 # Steps and their estimated time on one H200 (from earlier runs of the same grids; the FlashInfer JIT
 # build is an estimate, nvcc -j16): install 10 s; FlashInfer prebuild (parallel, background, <= TIK_FI_PREBUILD_S)

@@ -41,7 +41,8 @@ for step in "$@"; do
     sglang)
       # TIK_SGL_TINY=1: a tiny eager run first (a failure shows in ~1 min); then the qwen3-4b-shaped proof
       # (TIK_SGL_BASELINES: stock backends timed on the same jobs, default flashinfer with FlashInfer-served
-      # fused ops -- carry .whl-fi too; TIK_SGL_REPEAT: greedy jobs, median of the last - 1; TIK_SGL_EAGER=1: no CUDA graphs;
+      # fused ops -- carry .whl-fi too, built with `devenv.flashinfer_wheel .whl-fi --no-deps` so that .whl, .whl-fi
+      # and the tree stay under 64 MiB (apache-tvm-ffi comes with .whl); TIK_SGL_REPEAT: greedy jobs, median of the last - 1; TIK_SGL_EAGER=1: no CUDA graphs;
       # TIK_SGL_SHAPE=qwen3-30b-a3b: the Qwen3-MoE model path, TIK_SGL_MOE_LAYERS layers, default 4)
       r=0
       if [ "${TIK_SGL_TINY:-1}" = 1 ]; then

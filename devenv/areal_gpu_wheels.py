@@ -33,14 +33,33 @@ TRAINER_WHEELS = [
 ]
 
 
+# ``--import-deps``: what ``import areal`` (its compiled log-prob, ``areal.utils.functional``) needs from the
+# SGLang set, at that set's versions, for a call that carries no SGLang (benchmarks/gpu_baselines.sh)
+IMPORT_DEPS = ("orjson", "dill", "openai", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+               "jiter", "distro", "sniffio", "httpx2", "httpcore2", "truststore", "wcwidth")
+
+
+def import_deps() -> list[str]:
+    from devenv.sglang_wheels import DEPS
+
+    pick = [d for d in DEPS if d.split("==")[0] in IMPORT_DEPS]
+    missing = set(IMPORT_DEPS) - {d.split("==")[0] for d in pick}
+    if missing:
+        raise ValueError(f"IMPORT_DEPS not in devenv.sglang_wheels.DEPS: {sorted(missing)}")
+    return pick
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m devenv.areal_gpu_wheels")
     ap.add_argument("dest")
     ap.add_argument("--python-version", default="3.12")
     ap.add_argument("--trainer", action="store_true", help="also the trainers' deps (the GSM8K recipe on the GPU)")
+    ap.add_argument("--import-deps", action="store_true",
+                    help="also what `import areal` takes from the SGLang set (a call that carries no .whl)")
     a = ap.parse_args(argv)
     os.makedirs(a.dest, exist_ok=True)
-    download(WHEELS + (TRAINER_WHEELS if a.trainer else []), a.dest, a.python_version)
+    download(WHEELS + (TRAINER_WHEELS if a.trainer else []) + (import_deps() if a.import_deps else []), a.dest,
+             a.python_version)
     total = sum(os.path.getsize(os.path.join(a.dest, f)) for f in os.listdir(a.dest))
     print(f"{len(os.listdir(a.dest))} wheels, {total / 2**20:.1f} MiB in {a.dest}")
     return 0

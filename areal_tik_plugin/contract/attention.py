@@ -453,7 +453,8 @@ def _timer(rec, label, fn, graph):
     t = _time(rec, label, fn, graph=False)
     if t and graph and t["cold_us"] < GRAPH_MAX_COLD_US:
         try:
-            t["graph_us"] = bench.time_graph_us(fn)
+            g = bench.time_graph_spread(fn)
+            t.update(graph_us=g["median"], graph_min_us=g["min"], graph_max_us=g["max"], graph_rounds=g["n"])
         except Exception as e:
             t["graph_error"] = f"{type(e).__name__}: {e}"[:200]
     elif t and graph:

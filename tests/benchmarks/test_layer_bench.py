@@ -3,6 +3,7 @@ batch 1 and a mixed-length batch, the SGLang-like baseline rollout without Flash
 AReaL's update with the recompute forward, the probes."""
 
 import pytest
+import torch
 
 from benchmarks import layer_bench as LB
 
@@ -54,3 +55,66 @@ def test_helpers():
         LB.mixed_prompts(0, 1024)
     assert LB._median_time([{"a": 3.0, "b": None}, {"a": 1.0, "b": None}, None, {"a": 2.0, "b": None}]) == \
         {"a": 2.0, "b": None}
+
+
+class _FakeFlashInfer:
+    """FlashInfer's norm / RoPE / activation semantics in torch (in place where FlashInfer is), to check the
+    baseline layer's data flow on the FlashInfer path against its torch path on CPU."""
+
+    class norm:
+        @staticmethod
+        def rmsnorm(x, w, eps):
+            xf = x.float()
+            return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * w.float()).to(x.dtype)
+
+        @staticmethod
+        def fused_add_rmsnorm(x, r, w, eps):
+            r.add_(x)
+            x.copy_(_FakeFlashInfer.norm.rmsnorm(r, w, eps))
+
+    class rope:
+        @staticmethod
+        def apply_rope_with_cos_sin_cache_inplace(pos, q, k, D, cache, is_neox=True):
+            assert is_neox and cache.dtype.is_floating_point
+            cos, sin = cache[pos, : D // 2][:, None], cache[pos, D // 2:][:, None]
+            for t in (q, k):
+                x = t.view(t.shape[0], -1, D).float()
+                x1, x2 = x[..., : D // 2], x[..., D // 2:]
+                t.view(t.shape[0], -1, D).copy_(torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(t.dtype))
+
+    class activation:
+        @staticmethod
+        def silu_and_mul(gu):
+            g, u = gu.chunk(2, -1)
+            return torch.nn.functional.silu(g) * u
+
+
+
+def test_baseline_layer_flashinfer_path_matches_its_torch_path():
+    from areal_tik_plugin.integrations import transformers as T
+
+    cfg, base, rotary, mod, _ = LB.build_layer("tiny-qwen3", torch.float32, torch.device("cpu"))
+    fw = T.rollout_weights(base, torch.float32)
+    inv, _ = T.rope_params(rotary, torch.device("cpu"))
+    ref = LB.RolloutStack(base, mod, fw, device="cpu", use_flashinfer=False)
+    fi = LB.RolloutStack(base, mod, fw, device="cpu", use_flashinfer=False)
+    fi.fi = _FakeFlashInfer
+    fi.set_rope_cache(inv, 64, "cpu")
+    n, H = 9, cfg.hidden_size
+    g = torch.Generator().manual_seed(0)
+    h, r = torch.randn(n, H, generator=g), torch.randn(n, H, generator=g)
+    pos = torch.arange(3, 3 + n)
+    cos, sin = rotary(h[None], pos[None])
+    scale = base.self_attn.scaling
+
+    def attend(q, k, v):
+        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                             v.transpose(0, 1)[None], scale=scale, is_causal=True,
+                                                             enable_gqa=True)
+        return o[0].transpose(0, 1)
+
+    with torch.no_grad():
+        m0, r0 = ref.layer(h.clone(), r.clone(), pos, (cos, sin), attend)
+        m1, r1 = fi.layer(h.clone(), r.clone(), pos, None, attend)
+    assert torch.allclose(r0, r1, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(m0, m1, atol=1e-4, rtol=1e-4), float((m0 - m1).abs().max())

@@ -89,3 +89,11 @@ def test_interleaved_medians_rounds_in_order_and_median():
 
     with pytest.raises(ValueError, match="rounds"):
         bench.interleaved_medians({"a": "a"}, time_fn, 0)
+
+
+def test_spread_median_min_max():
+    import pytest
+
+    assert bench.spread([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
+    with pytest.raises(ValueError, match="at least one sample"):
+        bench.spread([])
