@@ -337,12 +337,16 @@ def row_baselines(row: dict[str, Any], env: dict[str, Any] | None = None) -> lis
     out = []
     named = dict(row.get("baseline_names") or {})
     cands = {k: v for k, v in row.items() if _timing(v) and k not in _OURS_KEYS and k != row.get("ours_key")}
-    for k, v in (row.get("baselines") or {}).items():
-        if _timing(v):
-            cands[k] = v
+    # the harness's form: {"baselines": {exact name: timings}, "context": {name: timings}} (the key is the name)
+    keyed: dict[str, bool] = {}
+    for field, ctx in (("baselines", False), ("context", True)):
+        sub = row.get(field)
+        for k, v in (sub.items() if isinstance(sub, dict) else ()):
+            if _timing(v):
+                cands[k], keyed[k] = v, ctx
     for key, v in cands.items():
-        name = v.get("name") or row.get(f"{key}_name") or named.get(key)
-        context = bool(v.get("context", False))
+        name = v.get("name") or row.get(f"{key}_name") or named.get(key) or (key if key in keyed else None)
+        context = bool(v.get("context", False)) or keyed.get(key, False)
         if not name:
             known = KNOWN_BASELINES.get((group, key)) or KNOWN_BASELINES.get(key)
             if known is None:
@@ -379,12 +383,14 @@ def _workload(group: str, rows: list[dict[str, Any]]) -> str:
     return f"{group}{n}" + (f" ({', '.join(parts)})" if parts else "")
 
 
-def _latest_per_op(recs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
-    """op -> (op record, evidence record) of the newest file holding that op."""
+def _latest_per_op(recs: list[dict[str, Any]], key: str) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """op -> (op record, evidence record) of the newest file whose record of that op has ``key``
+    (``checks``: the run that decides the op's contract status; ``benchmarks``: its numbers)."""
     out: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     for r in sorted(recs, key=lambda r: (r.get("started") or "", r["_path"])):
         for op, op_rec in (r.get("ops") or {}).items():
-            out[op] = (op_rec, r)
+            if op_rec.get(key):
+                out[op] = (op_rec, r)
     return out
 
 
@@ -401,22 +407,25 @@ def measured(impl=None, root: str | None = None, source_hash: str | None = None)
     h = source_hash or impl.source_hash
     recs = [r for r in load_all(impl.name, root) if r.get("source_hash") == h]
     ops_declared = list(dict.fromkeys(e.split(".")[0] for e in impl.manifest["entry_points"]))
-    latest = _latest_per_op(recs)
+    checked, benched = _latest_per_op(recs, "checks"), _latest_per_op(recs, "benchmarks")
     rows: list[dict[str, Any]] = []
     awaiting, failing, no_headline = [], [], []
     unnamed: dict[str, set[str]] = {}
     envs: dict[str, dict[str, Any]] = {}
     for op in ops_declared:
-        if op not in latest:
+        if op not in checked and op not in benched:
             awaiting.append(op)
             continue
-        op_rec, rec = latest[op]
-        env = rec.get("env") or {}
-        fname = os.path.relpath(rec["_path"], os.path.dirname(root)).replace(os.sep, "/")
-        checks = op_rec.get("checks") or []
+        checks = checked[op][0]["checks"] if op in checked else []
         if not checks or any(not c.get("passed") for c in checks):
             failing.append(op)
             continue
+        if op not in benched:
+            awaiting.append(op)
+            continue
+        op_rec, rec = benched[op]
+        env = rec.get("env") or {}
+        fname = os.path.relpath(rec["_path"], os.path.dirname(root)).replace(os.sep, "/")
         groups: dict[tuple[str, str, str], list[tuple[dict[str, Any], float, float]]] = {}
         for b in op_rec.get("benchmarks") or []:
             ours = _ours(b)
@@ -431,12 +440,19 @@ def measured(impl=None, root: str | None = None, source_hash: str | None = None)
                 if not isinstance(o, (int, float)) or o <= 0 or not timed:
                     continue
                 best = min(timed, key=lambda x: x[key])
-                groups.setdefault((_group(b), best["name"], method), []).append((b, o, best[key]))
+                groups.setdefault((_group(b), method), []).append((b, o, best[key], best["name"]))
         if not groups:
             no_headline.append(op)
             continue
         envs[fname] = env
-        for (group, base, method), items in groups.items():
+        for (group, method), items in groups.items():
+            # the strongest baseline can differ between the workloads of a family: name each, with its count
+            counts: dict[str, int] = {}
+            for *_, name in items:
+                counts[name] = counts.get(name, 0) + 1
+            base = ", ".join(f"{n} ×{c}" if len(counts) > 1 else n
+                             for n, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+            items = [(b, o, bt) for b, o, bt, _ in items]
             ratios = [bt / o for _, o, bt in items]
             geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
             rows.append({"op": op, "workload": _workload(group, [b for b, _, _ in items]), "group": group,

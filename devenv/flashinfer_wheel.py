@@ -84,7 +84,7 @@ DROP_PY_DIRS = (
     "batch_invariant/", "cake_causal_conv1d_train_backend/", "cake_fused_qk_rope_append_backend/",
     "cake_fused_qk_rope_fp8_append_backend/", "cake_mhc_train_backend/", "cake_mhc_train_head_backend/",
     "cake_nvfp4_svdquant_gemm_backend/", "cake_sage_block_sparse_attention_backend/",
-    "cake_tp_moe_finalize_rmsnorm_backend/", "cake_ulysses_backend/", "cake_vsa_sm90_backend/", "comm/",
+    "cake_tp_moe_finalize_rmsnorm_backend/", "cake_ulysses_backend/", "cake_vsa_sm90_backend/",
     "diffusion_ops/", "dsv3_ops/", "experimental/allreduce_mhc_post_prenorm/", "experimental/attn_scores/",
     "experimental/b12x/", "experimental/balanced_gqa_decode/", "experimental/cake/",
     "experimental/cake_dsa_indexer/", "experimental/cake_dsa_indexer_det/", "experimental/cake_dsa_train/",

@@ -139,16 +139,16 @@ def test_markdown_table_from_evidence(tmp_path, impl):
     _write(tmp_path, impl, {"attention": _attention, "logprob": _logprob_eager_only, "rmsnorm": _rmsnorm_failing})
     m = evidence.measured(impl, str(tmp_path))
     rows = {(r["op"], r["group"], r["method"]): r for r in m["rows"]}
-    # prefill cold: cuDNN (5) beats fa2 (20) on row 1, fa2 (30) beats cuDNN (80) on row 2 -> two rows
+    # prefill cold: cuDNN (5) beats fa2 (20) on row 1, fa2 (30) beats cuDNN (80) on row 2 -> one row naming both
     pc = [r for r in m["rows"] if r["group"] == "prefill" and r["method"] == "cold"]
-    assert sorted((r["baseline"], r["n"]) for r in pc) == [
-        ("torch SDPA, FlashAttention-2 backend", 1), ("torch SDPA, cuDNN backend", 1)]
+    assert [(r["baseline"], r["n"]) for r in pc] == [
+        ("torch SDPA, FlashAttention-2 backend ×1, torch SDPA, cuDNN backend ×1", 2)]
+    assert pc[0]["ratio_geomean"] == pytest.approx((0.5 * 0.75) ** 0.5)
     pg = rows[("attention", "prefill", "graph")]  # fa2 has no graph time: cuDNN on both rows
     assert pg["n"] == 2 and pg["ratio_geomean"] == pytest.approx((0.5 * 1.5) ** 0.5)
     dg = [r for r in m["rows"] if r["group"] == "decode" and r["method"] == "graph"]
-    assert sorted((r["baseline"], r["ratio_geomean"]) for r in dg) == [
-        ("FlashInfer 0.5.3 BatchDecodeWithPagedKVCache", 0.5),
-        ("torch SDPA, cuDNN backend", 1.5)]
+    assert [(r["baseline"], r["ratio_min"], r["ratio_max"]) for r in dg] == [
+        ("FlashInfer 0.5.3 BatchDecodeWithPagedKVCache ×1, torch SDPA, cuDNN backend ×1", 0.5, 1.5)]
     dc = [r for r in m["rows"] if r["group"] == "decode" and r["method"] == "cold"]
     assert [(r["n"], r["ours_us"]) for r in dc] == [(2, [4.0, 5.0])]  # ours = paged, never page16 / dense
     assert m["no_headline"] == ["logprob"] and m["failing"] == ["rmsnorm"]
@@ -156,7 +156,7 @@ def test_markdown_table_from_evidence(tmp_path, impl):
     assert set(m["awaiting"]) == set(m["ops"]) - {"attention", "logprob", "rmsnorm"}
     md = evidence.render_markdown(impl, str(tmp_path))
     assert md.startswith(evidence.MEASURED_BEGIN) and md.rstrip().endswith(evidence.MEASURED_END)
-    assert "FlashInfer 0.5.3 BatchDecodeWithPagedKVCache | 0.50 | graph | [e1] |" in md
+    assert "FlashInfer 0.5.3 BatchDecodeWithPagedKVCache ×1, torch SDPA, cuDNN backend ×1 | 0.87 (0.50–1.50) | graph | [e1] |" in md
     assert "| logprob | — | — | only eager baselines recorded" in md and "areal" not in md.lower()
     assert "| rmsnorm | — | — | — | — | — | contract checks failing: no numbers |" in md
     assert "| gemm | — | — | — | — | — | awaiting GPU run |" in md
