@@ -158,6 +158,28 @@ def profile_dispatch(ctx, fn) -> dict[str, Any]:
     return classify_kernels(gpu_kernel_names(prof.events()), _own_kernel_names(ctx.impl))
 
 
+PTX_OPS = ("ex2", "lg2", "rcp", "sqrt", "rsqrt", "div", "fma", "mma", "wgmma", "cvt", "ld.global", "st.global",
+           "ld.shared", "st.shared", "bar.sync", "atom")
+
+
+def ptx_counts(ptx: str) -> dict[str, int]:
+    """Generated-instruction evidence: how many PTX instructions of each family a kernel has (by opcode
+    prefix, e.g. ``ex2.approx.ftz.f32`` counts as ``ex2``)."""
+    out = {k: 0 for k in PTX_OPS}
+    for line in ptx.splitlines():
+        t = line.strip()
+        if not t or t.startswith(("//", ".", "{", "}", "$")):
+            continue
+        if t.startswith("@"):  # predicated: "@%p1 ld.global..."
+            t = t.split(None, 1)[1] if " " in t else ""
+        op = t.split(None, 1)[0].rstrip(";") if t else ""
+        for k in PTX_OPS:
+            if op == k or op.startswith(k + "."):
+                out[k] += 1
+                break
+    return {k: v for k, v in out.items() if v}
+
+
 def compile_evidence(impl) -> list[dict[str, Any]]:
     """Registers / spills / shared memory of every compiled Triton kernel of the candidate (GPU)."""
     out = []
@@ -183,6 +205,7 @@ def compile_evidence(impl) -> list[dict[str, Any]]:
                         "shared": getattr(md, "shared", None),
                         "num_warps": getattr(md, "num_warps", None),
                         "num_stages": getattr(md, "num_stages", None),
+                        "ptx_counts": ptx_counts((getattr(k, "asm", None) or {}).get("ptx") or ""),
                     })
     return out
 
