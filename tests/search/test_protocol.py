@@ -128,3 +128,37 @@ def test_audit_reports_share(run):
     a = _step(run, "O0001", ["I0000"], _edit("ROW_BLOCK = 1 ", "ROW_BLOCK = 4 "))
     sh = a.timing["share"]
     assert set(sh) == {w["name"] for w in run.spec["workloads"]} and abs(sum(sh.values()) - 1) < 1e-3
+
+
+class _Reauditor(FakeEvaluator):
+    """The cost model for audits; a re-audit (seed given) of ``fails`` returns a failed timed check."""
+
+    def __init__(self, fails):
+        super().__init__()
+        self.fails = fails
+
+    def evaluate(self, run, iid, progress=None, seed=0, ab=True):
+        res = super().evaluate(run, iid, progress)
+        if seed and iid == self.fails:
+            return {**res, "status": "inaccurate", "stage": "latency", "latencies_us": {},
+                    "checks": [{"name": "timed[full_T48][seed=1]:vs_fp64", "passed": False, "kind": "accuracy"}],
+                    "error": "outputs of the timed calls are wrong"}
+        return res
+
+
+def test_failed_reaudit_revokes_automatically(run):
+    _step(run, "O0001", ["I0000"], _edit("ROW_BLOCK = 1 ", "ROW_BLOCK = 4 "), decision="CONTINUE",
+          opps=[{"mechanism": "more", "applies_to": ["I0001"]}])
+    assert run.state().best == "I0001"
+    ev = _Reauditor(fails="I0001")
+    out = run.reaudit(ev, "I0000", seed=1)
+    assert out["status"] == "ok" and out["revocation"] is None
+    out = run.reaudit(ev, "I0001", seed=1)
+    assert out["status"] == "inaccurate" and out["revocation"] == "R0001"
+    st = run.state()
+    rec = run.revocations["R0001"]
+    assert rec.source == "heldout" and rec.evidence["failed_checks"][0]["name"].startswith("timed[")
+    assert st.best == "I0000" and "I0001" in st.revoked
+    assert all("I0001" not in run.opps[o].applies_to for o in st.pending)
+    with pytest.raises(RunError, match="not a verified implementation"):
+        run.reaudit(ev, "I0001", seed=2)
