@@ -90,13 +90,17 @@ def ab_verdict(spec: dict, ab: dict | None) -> dict[str, Any] | None:
     measured interleaved in one process (``timing.ab.objective_ratios``).
 
     gain = 1 - median(ratios); noise = 1.4826 * median(|ratio - median|) (the robust spread of the
-    rounds). The candidate is faster only if (a) it beat the incumbent by more than improve_eps in
-    every round (worst ratio < 1 - improve_eps: for an unchanged kernel each round is a coin flip at
-    best, so n rounds pass by chance with probability < 2^-n) and (b) gain > noise_k * noise (a gain
-    inside the spread of its own rounds is not evidence). None when the audit has no A/B measurement."""
+    rounds). The candidate is faster only if (a) it won enough rounds (ratio < 1) for a one-sided sign
+    test at level ``search.ab_alpha`` (default 0.01): an unchanged kernel wins each round with
+    probability 1/2, so e.g. 7 of 7 or 10 of 11 wins happen by chance with probability < 1 % (one
+    round hit by a stall of the shared machine is tolerated from 10 rounds on), and (b) gain >
+    max(improve_eps, noise_k * noise): a gain inside the spread of its own rounds is not evidence.
+    With too few rounds for the level nothing is ever promoted, and the verdict says so. None when the
+    audit has no A/B measurement."""
     ratios = (ab or {}).get("objective_ratios")
     if not ratios:
         return None
+    import math
     import statistics
 
     med = float(statistics.median(ratios))
@@ -104,11 +108,19 @@ def ab_verdict(spec: dict, ab: dict | None) -> dict[str, Any] | None:
     se = spec.get("search", {})
     eps = float(se.get("improve_eps", 0.02))
     k = float(se.get("noise_k", 3.0))
+    alpha = float(se.get("ab_alpha", 0.01))
+    n = len(ratios)
+    need_wins = next((m for m in range(1, n + 1)
+                      if sum(math.comb(n, j) for j in range(m, n + 1)) / 2 ** n <= alpha), None)
+    wins = sum(1 for r in ratios if r < 1.0)
     needed = max(eps, k * noise)
     gain = 1.0 - med
-    worst = float(max(ratios))
-    return {"ratio_median": med, "ratio_worst": worst, "noise": noise, "gain": gain, "needed": needed,
-            "improve_eps": eps, "noise_k": k, "faster": gain > needed and worst < 1.0 - eps, "rounds": len(ratios)}
+    out = {"ratio_median": med, "ratio_worst": float(max(ratios)), "noise": noise, "gain": gain, "needed": needed,
+           "improve_eps": eps, "noise_k": k, "wins": wins, "needed_wins": need_wins, "ab_alpha": alpha,
+           "faster": need_wins is not None and wins >= need_wins and gain > needed, "rounds": n}
+    if need_wins is None:
+        out["why"] = f"{n} rounds cannot reach the sign-test level {alpha}: raise evaluation.timing.ab_rounds"
+    return out
 
 
 def is_promotion(spec: dict, audit_fields: dict, best_objective: float | None, ab: dict | None = None,

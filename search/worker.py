@@ -226,9 +226,27 @@ def _sentinels() -> dict[str, Any]:
     return out
 
 
+def _torch_state() -> dict[str, Any]:
+    """Process-wide torch settings that would change what is measured for every arm (threads, default
+    dtype, determinism, TF32); a candidate that sets them at import or during a call is refused."""
+    import torch
+
+    out = {"num_threads": torch.get_num_threads(), "default_dtype": str(torch.get_default_dtype()),
+           "deterministic": torch.are_deterministic_algorithms_enabled(),
+           "matmul_precision": torch.get_float32_matmul_precision()}
+    if torch.cuda.is_available():
+        out["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+        out["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
+    return out
+
+
 def _tampered(before: dict[str, Any]) -> list[str]:
     now = _sentinels()
-    return [k for k, v in before.items() if now.get(k) is not v]
+    bad = [k for k, v in before.items() if k != "_torch_state" and now.get(k) is not v]
+    if "_torch_state" in before:
+        st = _torch_state()
+        bad += [f"torch state {k}: {v!r} -> {st.get(k)!r}" for k, v in before["_torch_state"].items() if st.get(k) != v]
+    return bad
 
 
 def _measure_fixed(res, spec, runner, ctx, rec, device, write, fail):
@@ -433,6 +451,7 @@ def run(impl_path: str, spec_path: str, out_path: str, *, incumbent: str | None 
     mf = spec["evaluation"].get("measure_failed", False)
 
     sentinels = _sentinels()
+    sentinels["_torch_state"] = _torch_state()
 
     # ---- compile ---------------------------------------------------------------------------------
     stage("compile")

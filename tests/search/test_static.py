@@ -57,11 +57,21 @@ def test_ab_rule_never_promotes_noise_and_keeps_real_gains():
         for _ in range(300):
             v = ab_verdict(spec, {"objective_ratios": _ratios(rng, 1.0, spread)})
             assert not v["faster"], v
+    for n in (7, 11):
+        for _ in range(300):
+            assert not ab_verdict(spec, {"objective_ratios": _ratios(rng, 1.0, 0.05, n)})["faster"]
     # a 10% gain with 1% noise is faster; the same gain drowned in 8% noise is not evidence
     assert ab_verdict(spec, {"objective_ratios": _ratios(rng, 0.9, 0.01)})["faster"]
     assert not ab_verdict(spec, {"objective_ratios": [0.9, 1.05, 0.75, 1.0, 0.8, 1.1, 0.7]})["faster"]
+    # a 2x gain with one round hit by a stall of the shared machine: still faster with 11 rounds
+    stalled = [0.5, 0.52, 0.49, 1.3, 0.51, 0.5, 0.48, 0.53, 0.5, 0.49, 0.51]
+    v = ab_verdict(spec, {"objective_ratios": stalled})
+    assert v["faster"] and v["wins"] == 10 and v["needed_wins"] == 10, v
+    # too few rounds for the level: never faster, and said
+    v = ab_verdict(spec, {"objective_ratios": [0.5] * 5})
+    assert not v["faster"] and "ab_rounds" in v["why"]
     fields = {"verified": True, "fully_measured": True, "admissible": True, "objective_us": 1.0}
-    ab = {"objective_ratios": [0.5] * 5, "incumbent": "I0003"}
+    ab = {"objective_ratios": [0.5] * 7, "incumbent": "I0003"}
     assert is_promotion(spec, fields, 10.0, ab, "I0003")
     assert not is_promotion(spec, fields, 10.0, ab, "I0004"), "measured against another incumbent"
     assert not is_promotion(spec, fields, 10.0, {"incumbent": "I0003"}, "I0003"), "an A/B audit without ratios"
