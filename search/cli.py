@@ -409,7 +409,7 @@ def _safe(fn):
     """Expected failures (wrong phase, bad edit, bad spec) print one message instead of a traceback."""
 
     def wrapped(args) -> int:
-        from areal_tik_plugin.loader import ImplementationError
+        from areal_tik_plugin.runtime.loader import ImplementationError
         from areal_tik_plugin.search.edits import EditError
         from areal_tik_plugin.search.evaluator import BindingError
         from areal_tik_plugin.search.export import ExportError

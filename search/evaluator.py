@@ -25,7 +25,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from areal_tik_plugin import loader
+from areal_tik_plugin.runtime import loader
 from areal_tik_plugin.search import sandbox as X
 from areal_tik_plugin.search import spec as S
 
@@ -46,9 +46,9 @@ def evaluator_files(spec: dict[str, Any]) -> list[str]:
     files = [
         os.path.join(here, "evaluator.py"), os.path.join(here, "worker.py"), os.path.join(here, "spec.py"),
         os.path.abspath(runners.__file__), runners.runner_file(spec["runner"]),
-        os.path.join(pkg, "bench.py"), os.path.join(pkg, "loader.py"), os.path.join(pkg, "_interp.py"),
-        os.path.join(pkg, "gpu", "suite.py"), os.path.join(here, "sandbox.py"), os.path.join(here, "state.py"),
-        os.path.join(pkg, "evidence.py"),
+        os.path.join(pkg, "bench.py"), os.path.join(pkg, "runtime", "loader.py"),
+        os.path.join(pkg, "runtime", "interp.py"), os.path.join(pkg, "contract", "suite.py"),
+        os.path.join(here, "sandbox.py"), os.path.join(here, "state.py"), os.path.join(pkg, "evidence.py"),
     ]
     return sorted(set(files))
 

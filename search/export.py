@@ -37,7 +37,7 @@ def _arch_of(env: dict[str, Any]) -> str:
 
 
 def export(run, *, name: str, iid: str | None = None, dest: str | None = None) -> dict[str, Any]:
-    from areal_tik_plugin import loader
+    from areal_tik_plugin.runtime import loader
 
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise ExportError(f"--name {name!r}: expected a Python-identifier-like name (letters, digits, _), "
@@ -111,7 +111,7 @@ def evidence_for(path: str, source_hash: str) -> list[dict[str, Any]]:
 
 def require_evidence(path: str, manifest: dict[str, Any], source_hash: str, arch: str) -> None:
     """Raise unless ``path`` carries a passing audit of ``source_hash`` on ``arch`` (see module doc)."""
-    from areal_tik_plugin.loader import ImplementationError
+    from areal_tik_plugin.runtime.loader import ImplementationError
 
     if arch == "cpu" or os.environ.get(FORCE_ENV) == "1":
         return

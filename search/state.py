@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_tik_plugin import loader
+from areal_tik_plugin.runtime import loader
 from areal_tik_plugin.search import edits as E
 from areal_tik_plugin.search import ir
 from areal_tik_plugin.search import spec as S

@@ -214,7 +214,7 @@ def _sentinels() -> dict[str, Any]:
     """Objects the evaluator relies on, captured before candidate code loads (compared after)."""
     import torch
 
-    from areal_tik_plugin.gpu import suite
+    from areal_tik_plugin.contract import suite
 
     out = {"time.perf_counter": time.perf_counter, "time.time": time.time, "torch.equal": torch.equal,
            "Recorder.check": suite.Recorder.check, "Recorder.bitwise": suite.Recorder.bitwise,
@@ -307,8 +307,8 @@ def _measure_ab(res, spec, runner, ctx, rec, device, *, stage_write, incumbent, 
 
     ``res["timing"]["ab"]``: per-round objective ratios candidate / incumbent and per-workload median
     ratios candidate / root, from which the promotion rule (``state.ab_verdict``) decides."""
-    from areal_tik_plugin import loader
-    from areal_tik_plugin.gpu.suite import Recorder
+    from areal_tik_plugin.runtime import loader
+    from areal_tik_plugin.contract.suite import Recorder
     from areal_tik_plugin.search.runners import Context
 
     t = spec["evaluation"].get("timing", {})
@@ -442,7 +442,7 @@ def run(impl_path: str, spec_path: str, out_path: str, *, incumbent: str | None 
     res["env"] = environment(device)
     try:
         res["hashes"]["evaluator"] = evaluator_hash(spec)
-        from areal_tik_plugin.gpu.suite import Recorder
+        from areal_tik_plugin.contract.suite import Recorder
         from areal_tik_plugin.search.runners import Context, load_runner
 
         runner = load_runner(spec["runner"])
@@ -455,7 +455,7 @@ def run(impl_path: str, spec_path: str, out_path: str, *, incumbent: str | None 
 
     # ---- compile ---------------------------------------------------------------------------------
     stage("compile")
-    from areal_tik_plugin import loader
+    from areal_tik_plugin.runtime import loader
 
     try:
         impl = loader.load_implementation(impl_path)

@@ -60,14 +60,10 @@ from typing import Any, Callable
 
 import torch
 
-# the ops' internal entry points: static checks memoized per argument signature (ops._validate.Memo),
-# the same kernels and errors as the public ops; availability of the public ops is still checked
-# at patch time (require_ops)
-from areal_tik_plugin.ops.attention import _attention_varlen_fast
-from areal_tik_plugin.ops.linear import _linear_fast
-from areal_tik_plugin.ops.norm import _qk_rms_norm_fast, _rms_norm_fast, _rms_norm_residual_fast
-from areal_tik_plugin.ops.rope import _apply_rope_fast, _apply_rope_kv_write_fast
-from areal_tik_plugin.ops.swiglu import _swiglu_fast, _swiglu_fused_fast
+# the public ops (their static checks run once per argument signature, so a layer's repeated calls stay
+# cheap); availability of the ops is still checked at patch time (require_ops)
+from areal_tik_plugin.ops import (apply_rope, apply_rope_kv_write, attention_varlen, linear, qk_rms_norm, rms_norm,
+                                  rms_norm_residual, swiglu, swiglu_fused)
 
 TIK_ATTENTION = "tik_varlen"
 
@@ -131,9 +127,9 @@ def tik_linear(x: torch.Tensor, module) -> torch.Tensor:
     """``module`` (an ``nn.Linear``) applied with ``ops.linear``; x [..., K] -> [..., N]."""
     w, b = _as(module.weight, x.dtype), _as(module.bias, x.dtype)
     if x.dim() == 2:
-        return _linear_fast(x, w, b)
+        return linear(x, w, b)
     shp = x.shape
-    y = _linear_fast(x.reshape(-1, shp[-1]), w, b)
+    y = linear(x.reshape(-1, shp[-1]), w, b)
     return y.view(*shp[:-1], y.shape[-1])
 
 
@@ -148,7 +144,7 @@ def _eps(norm) -> float:
 
 def tik_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     """HF RMSNorm module ``norm`` applied with ``ops.rms_norm`` over the last dim of x."""
-    return _rms_norm_fast(x, _as(norm.weight, x.dtype), _eps(norm))
+    return rms_norm(x, _as(norm.weight, x.dtype), _eps(norm))
 
 
 class TikRotary:
@@ -196,6 +192,8 @@ class TikRotary:
 
 
 _DYNAMIC_ROPE = ("dynamic", "longrope")
+# HF computes these inv_freq / attention_scaling once from the config; ops.apply_rope applies them exactly
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
 def _rope_type(config) -> str:
@@ -211,7 +209,7 @@ def canonical_inv_freq(rotary) -> torch.Tensor:
     result in the last bit -- and then every cos/sin, hence every logit, differs from the rollout
     side, which computes the same formula on the CPU (``sglang_layers.hf_default_inv_freq``). Measured
     on the H200 before this rule: AReaL's actor vs the plain patched model, 7071 / 7104 log-probs differ
-    (max 0.10), SGLang vs the plain patched model bit-identical (docs/PERF_NOTES.md, session 11).
+    (max 0.10), SGLang vs the plain patched model bit-identical.
     """
     rtype = getattr(rotary, "rope_type", "default")
     cpu = torch.device("cpu")
@@ -255,13 +253,13 @@ def tik_qkv(attn, x2d: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Te
     if q_norm is not None:
         q = tik_rms_norm(q, q_norm)
         k = tik_rms_norm(k, attn.k_norm)
-    q, k = _apply_rope_fast(q, k, positions, inv_freq, attention_scaling)
+    q, k = apply_rope(q, k, positions, inv_freq, attention_scaling)
     return q, k, v
 
 
 def tik_mlp(mlp, x2d: torch.Tensor) -> torch.Tensor:
     """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
-    h = _swiglu_fast(tik_linear(x2d, mlp.gate_proj), tik_linear(x2d, mlp.up_proj))
+    h = swiglu(tik_linear(x2d, mlp.gate_proj), tik_linear(x2d, mlp.up_proj))
     return tik_linear(h, mlp.down_proj)
 
 
@@ -286,7 +284,7 @@ def tik_ffn(mlp, x2d: torch.Tensor) -> torch.Tensor:
 def tik_rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, norm) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm(x + residual), x + residual)`` in one kernel (SGLang's fused add + RMSNorm); bitwise
     the same as ``h = residual + x`` in torch followed by :func:`tik_rms_norm` (``ops.rms_norm_residual``)."""
-    return _rms_norm_residual_fast(x, residual, _as(norm.weight, x.dtype), _eps(norm))
+    return rms_norm_residual(x, residual, _as(norm.weight, x.dtype), _eps(norm))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -336,7 +334,7 @@ def tik_qkv_rollout(attn, x2d: torch.Tensor, positions: torch.Tensor, inv_freq: 
     ``loc`` in one launch (``ops.apply_rope_kv_write``). Returns q [T, Hq, D]. The same bits as the
     separate ops (the contract suite checks each fusion)."""
     T, D = x2d.shape[0], attn.head_dim
-    qkv = _linear_fast(x2d, fused["qkv"], fused["qkv_bias"])
+    qkv = linear(x2d, fused["qkv"], fused["qkv_bias"])
     nq, nk = fused["q_size"], fused["kv_size"]
     hq = nq // D
     q = qkv[:, :nq].view(T, -1, D)
@@ -345,12 +343,12 @@ def tik_qkv_rollout(attn, x2d: torch.Tensor, positions: torch.Tensor, inv_freq: 
     q_norm = getattr(attn, "q_norm", None)
     if q_norm is not None:
         if _eps(q_norm) == _eps(attn.k_norm):
-            qk = _qk_rms_norm_fast(qkv[:, :nq + nk].view(T, -1, D), _as(q_norm.weight, x2d.dtype),
-                                   _as(attn.k_norm.weight, x2d.dtype), hq, _eps(q_norm))
+            qk = qk_rms_norm(qkv[:, :nq + nk].view(T, -1, D), _as(q_norm.weight, x2d.dtype),
+                             _as(attn.k_norm.weight, x2d.dtype), hq, _eps(q_norm))
             q, k = qk[:, :hq], qk[:, hq:]
         else:  # two eps: the two launches (the same kernel and bits per head)
             q, k = tik_rms_norm(q, q_norm), tik_rms_norm(k, attn.k_norm)
-    return _apply_rope_kv_write_fast(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
+    return apply_rope_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
 
 
 def tik_ffn_rollout(mlp, x2d: torch.Tensor, fused: dict) -> torch.Tensor:
@@ -358,7 +356,7 @@ def tik_ffn_rollout(mlp, x2d: torch.Tensor, fused: dict) -> torch.Tensor:
     ``ops.swiglu_fused``, SGLang's ``SiluAndMul`` layout); MoE blocks as in :func:`tik_ffn`."""
     if fused["gate_up"] is None:
         return tik_moe(mlp, x2d)[0]
-    return tik_linear(_swiglu_fused_fast(_linear_fast(x2d, fused["gate_up"])), mlp.down_proj)
+    return tik_linear(swiglu_fused(linear(x2d, fused["gate_up"])), mlp.down_proj)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -425,10 +423,10 @@ def attend_packed(q, k, v, *, batch, seqlen, softmax_scale, attention_mask=None,
     if cu.device != q.device:
         cu = cu.to(q.device)
     if idx is None:
-        return _attention_varlen_fast(q, k, v, cu, mx, softmax_scale)
+        return attention_varlen(q, k, v, cu, mx, softmax_scale)
     idx = idx.to(q.device)
-    o = _attention_varlen_fast(q.index_select(0, idx), k.index_select(0, idx), v.index_select(0, idx), cu, mx,
-                                softmax_scale)
+    o = attention_varlen(q.index_select(0, idx), k.index_select(0, idx), v.index_select(0, idx), cu, mx,
+                         softmax_scale)
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     return out.index_copy(0, idx, o)
 
@@ -652,13 +650,28 @@ def check_config(config) -> None:
     rt = _rope_type(config)
     if rt in _DYNAMIC_ROPE:
         raise NotImplementedError(f"rope_type {rt!r} is not supported (inv_freq must not depend on the length)")
+    if rt not in _STATIC_ROPE:
+        raise NotImplementedError(f"rope_type {rt!r} is not supported: expected one of {_STATIC_ROPE}")
     if "sliding_attention" in (getattr(config, "layer_types", None) or []):
         raise NotImplementedError("sliding-window attention layers (use_sliding_window) are not supported")
     hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if hd not in _HEAD_DIMS:
         raise NotImplementedError(f"head_dim {hd}: the unified attention supports {_HEAD_DIMS}")
-    if float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
-        raise NotImplementedError("partial_rotary_factor != 1 is not supported")
+    rp = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    for prf in (getattr(config, "partial_rotary_factor", None), rp.get("partial_rotary_factor") if isinstance(rp, dict) else None):
+        if float(prf or 1.0) != 1.0:
+            raise NotImplementedError(f"partial_rotary_factor {prf} (!= 1) is not supported")
+
+
+def _check_model(model, model_type: str | None = None) -> None:
+    """``model`` is a live HF model (an ``nn.Module`` with a ``config``), of ``model_type`` when given."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise TypeError(f"model: expected a Hugging Face model (a torch.nn.Module with .config), got "
+                        f"{type(model).__name__}")
+    if model_type is not None and getattr(model.config, "model_type", None) != model_type:
+        raise ValueError(f"model: expected a {model_type} model, got model_type "
+                         f"{getattr(model.config, 'model_type', None)!r} (use apply_tik_kernels_to_<its family> "
+                         f"or apply_to_model)")
 
 
 def _ops_for(model_type: str):
@@ -715,6 +728,7 @@ def apply_to_model(model):
     modules and ``lm_head`` and switches its attention implementation to :data:`TIK_ATTENTION`.
     Works after FSDP2 ``fully_shard`` as well. Returns ``model``. Undo with :func:`revert`.
     """
+    _check_model(model)
     config = model.config
     check_config(config)
     require_ops(_ops_for(config.model_type))
@@ -785,6 +799,7 @@ def _wrap_init(cls, head: bool):
 
 def _apply_classes(model_type: str, model=None):
     if model is not None:
+        _check_model(model, model_type)
         return apply_to_model(model)
     require_ops(_ops_for(model_type))
     register_attention()

@@ -1,14 +1,14 @@
 """Public, validated entry points of the unified ops.
 
-Every op runs the kernels of the implementation selected by :mod:`areal_tik_plugin.loader` (hash
+Every op runs the kernels of the implementation selected by :mod:`areal_tik_plugin.runtime.loader` (hash
 checked); bad input raises ``ValueError``/``TypeError`` naming the expected value; there is no
 silent fallback to another kernel.
 
-The integrations call internal entries of the same modules (``linear._linear_fast``,
-``norm._rms_norm_fast``, ``rope._apply_rope_fast``, ``swiglu._swiglu_fast``, ``kv_write._kv_write_fast``,
-``attention._attention_varlen_fast`` / ``_attention_extend_fast``): the public op's static checks run once
-per argument signature (:class:`areal_tik_plugin.ops._validate.Memo`), so a changed input is checked again
-and raises the same error; value checks run on every call; the kernel call is the same.
+One entry point per op, for users and integrations alike. Its static checks (dtype, device, rank,
+shape relations, strides, contiguity, scalar arguments) run once per argument signature
+(:class:`areal_tik_plugin.ops._validate.Memo`): a repeated call with the same signature costs a set
+lookup, a changed input misses and is checked again. Value checks (lengths, slots, positions, token
+ids) run on every call where they need no GPU sync (see :func:`areal_tik_plugin.ops._validate.check_values`).
 """
 
 from areal_tik_plugin.ops.attention import attention_decode, attention_extend, attention_varlen

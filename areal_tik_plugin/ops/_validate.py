@@ -12,6 +12,9 @@ def tensor(name: str, x, *, ndim: int | None = None, dtypes=None, device: torch.
            contiguous_last: bool = False, contiguous: bool = False, allow_empty: bool = False) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if device is None and x.device.type not in ("cpu", "cuda"):  # the op's first tensor: the others follow it
+        raise ValueError(f"{name}: expected a CUDA tensor (or a CPU one under the Triton interpreter), got device "
+                         f"{x.device}")
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(x.shape)}")
     if dtypes is not None and x.dtype not in dtypes:
@@ -61,7 +64,7 @@ def check_values(device: torch.device) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------
-# memoized static checks (the integrations' internal entry points)
+# memoized static checks (every public op)
 # ------------------------------------------------------------------------------------------------
 def sig(t):
     """Everything the static checks of an op read from one argument, as a hashable key part.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
+from areal_tik_plugin.runtime import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 
 
@@ -30,17 +30,18 @@ def _impl():
     return _loader.current_module("attention")
 
 
-def _check_qkv(q, k, v, *, q_ndim, kv_ndim, head_axis):
+def _check_qkv(q, k, v, *, q_ndim, kv_ndim, head_axis, kv_names=("k", "v")):
+    kn, vn = kv_names
     V.tensor("q", q, ndim=q_ndim, dtypes=V.FLOAT_DTYPES, contiguous_last=True)
-    V.tensor("k", k, ndim=kv_ndim, dtypes=V.FLOAT_DTYPES, device=q.device, contiguous_last=True)
-    V.tensor("v", v, ndim=kv_ndim, dtypes=V.FLOAT_DTYPES, device=q.device, contiguous_last=True)
-    V.same_dtype("q", q, k=k, v=v)
+    V.tensor(kn, k, ndim=kv_ndim, dtypes=V.FLOAT_DTYPES, device=q.device, contiguous_last=True)
+    V.tensor(vn, v, ndim=kv_ndim, dtypes=V.FLOAT_DTYPES, device=q.device, contiguous_last=True)
+    V.same_dtype("q", q, **{kn: k, vn: v})
     D = q.shape[-1]
     V.power_of_two_head_dim("q.shape[-1]", D)
     if k.shape[-1] != D or v.shape[-1] != D:
-        raise ValueError(f"k, v: expected head_dim {D} (same as q), got {k.shape[-1]} and {v.shape[-1]}")
+        raise ValueError(f"{kn}, {vn}: expected head_dim {D} (same as q), got {k.shape[-1]} and {v.shape[-1]}")
     if k.shape != v.shape:
-        raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+        raise ValueError(f"{vn}: expected the shape of {kn} {tuple(k.shape)}, got {tuple(v.shape)}")
     hq, hkv = q.shape[-2], k.shape[head_axis]
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"q heads ({hq}) must be a positive multiple of kv heads ({hkv})")
@@ -94,10 +95,17 @@ def attention_varlen(q, k, v, cu_seqlens, max_seqlen=None, softmax_scale=None):
     Returns
     -------
     Tensor [T, Hq, D], differentiable w.r.t. q, k, v.
+
+    Value checks (cu_seqlens monotone from 0 to T, max_seqlen >= the longest run; with max_seqlen=None
+    the offsets are read anyway) read tensor values, a host sync: they run on CPU tensors always and on
+    CUDA tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture (SGLang's decode is
+    captured); a bad value on the GPU otherwise gives undefined rows.
     """
-    D = _check_varlen(q, k, v, cu_seqlens)
+    key = (V.sig(q), V.sig(k), V.sig(v), V.sig(cu_seqlens), V.sig(softmax_scale))
+    _MEMO_VARLEN.once(key, lambda: _scale(softmax_scale, _check_varlen(q, k, v, cu_seqlens)))
     max_seqlen = _varlen_max_seqlen(q, cu_seqlens, max_seqlen)
-    return _AttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, _scale(softmax_scale, D))
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    return _AttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale)
 
 
 def _check_varlen(q, k, v, cu_seqlens):
@@ -112,29 +120,24 @@ def _check_varlen(q, k, v, cu_seqlens):
 
 
 def _varlen_max_seqlen(q, cu_seqlens, max_seqlen):
-    """``max_seqlen`` checked, or computed (with the offsets' value check, a host sync) when None."""
-    if max_seqlen is None:
+    """``max_seqlen`` checked, or computed from the offsets (a host sync) when None. The offsets' value
+    check (start 0, non-decreasing, end T; ``max_seqlen`` not below the longest run) runs whenever the
+    offsets are read anyway (``max_seqlen=None``) and where value checks run (:func:`V.check_values`)."""
+    if max_seqlen is not None:
+        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+            raise TypeError(f"max_seqlen: expected a non-negative int, got {max_seqlen!r}")
+        if max_seqlen < 0:
+            raise ValueError(f"max_seqlen: expected a non-negative int, got {max_seqlen!r}")
+    if max_seqlen is None or V.check_values(q.device):
         lens = cu_seqlens[1:] - cu_seqlens[:-1]
         if int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != q.shape[0] or bool((lens < 0).any()):
             raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0 to {q.shape[0]}, got {cu_seqlens.tolist()}")
-        max_seqlen = int(lens.max())
-    elif isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
-        raise TypeError(f"max_seqlen: expected a non-negative int, got {max_seqlen!r}")
+        longest = int(lens.max())
+        if max_seqlen is None:
+            max_seqlen = longest
+        elif max_seqlen < longest:
+            raise ValueError(f"max_seqlen: {max_seqlen} is smaller than the longest sequence {longest} (cu_seqlens)")
     return max_seqlen
-
-
-_MEMO_VARLEN = V.Memo()
-
-
-def _attention_varlen_fast(q, k, v, cu_seqlens, max_seqlen=None, softmax_scale=None):
-    """:func:`attention_varlen` for the integrations: static checks once per argument signature
-    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss); ``max_seqlen`` checked
-    (or computed with the value check) on every call; then the same kernel call."""
-    key = (V.sig(q), V.sig(k), V.sig(v), V.sig(cu_seqlens), V.sig(softmax_scale))
-    _MEMO_VARLEN.once(key, lambda: _scale(softmax_scale, _check_varlen(q, k, v, cu_seqlens)))
-    max_seqlen = _varlen_max_seqlen(q, cu_seqlens, max_seqlen)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    return _AttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale)
 
 
 def _check_paged(k_cache, v_cache, kv_indices, table_rows, page_size, device, n_req):
@@ -179,17 +182,26 @@ def attention_extend(q, k_cache, v_cache, *, cu_seqlens_q, prefix_lens, kv_indic
     Returns
     -------
     Tensor [T, Hq, D]
+
+    Value checks (cu_seqlens_q, prefix_lens >= 0, context within the table, table_rows and slots inside
+    the table and pool) read tensor values, a host sync: they run on CPU tensors always and on CUDA
+    tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture (SGLang's decode is captured); a
+    bad value on the GPU otherwise gives undefined rows.
     """
-    D = _check_extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size)
+    key = (V.sig(q), V.sig(k_cache), V.sig(v_cache), V.sig(cu_seqlens_q), V.sig(prefix_lens), V.sig(kv_indices),
+           V.sig(table_rows), V.sig(softmax_scale), V.sig(page_size))
+    _MEMO_EXTEND.once(key, lambda: _scale(softmax_scale, _check_extend(
+        q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size)))
     max_extend_len = _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, max_extend_len,
                                     page_size)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _impl().extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows,
-                          max_extend_len, _scale(softmax_scale, D), page_size)
+                          max_extend_len, scale, page_size)
 
 
 def _check_extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size):
     """Static checks of :func:`attention_extend` -> head_dim."""
-    D = _check_qkv(q, k_cache, v_cache, q_ndim=3, kv_ndim=3, head_axis=1)
+    D = _check_qkv(q, k_cache, v_cache, q_ndim=3, kv_ndim=3, head_axis=1, kv_names=("k_cache", "v_cache"))
     _check_index("cu_seqlens_q", cu_seqlens_q, q.device)
     B = cu_seqlens_q.numel() - 1
     if B < 1:
@@ -206,12 +218,19 @@ def _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows
     with ``TIK_CHECK_VALUES=1``): every call."""
     if max_extend_len is None:
         max_extend_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    elif isinstance(max_extend_len, bool) or not isinstance(max_extend_len, int):
+        raise TypeError(f"max_extend_len: expected a non-negative int, got {max_extend_len!r}")
+    elif max_extend_len < 0:
+        raise ValueError(f"max_extend_len: expected a non-negative int, got {max_extend_len!r}")
     if V.check_values(q.device):
         lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
         if int(cu_seqlens_q[0]) != 0 or int(cu_seqlens_q[-1]) != q.shape[0] or bool((lens < 0).any()):
-            raise ValueError(f"cu_seqlens_q: expected non-decreasing offsets from 0 to {q.shape[0]}")
+            raise ValueError(f"cu_seqlens_q: expected non-decreasing offsets from 0 to {q.shape[0]}, "
+                             f"got {cu_seqlens_q.tolist()}")
         if int(lens.max()) > max_extend_len:
             raise ValueError(f"max_extend_len: {max_extend_len} is smaller than the longest run {int(lens.max())}")
+        if int(prefix_lens.min()) < 0:
+            raise ValueError(f"prefix_lens: expected non-negative lengths, got {prefix_lens.tolist()}")
         ctx = prefix_lens.to(torch.int64) + lens.to(torch.int64)
         if int(ctx.max()) > kv_indices.shape[1] * page_size:
             raise ValueError(f"context length {int(ctx.max())} exceeds the kv_indices table width "
@@ -220,25 +239,6 @@ def _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows
             raise ValueError(f"table_rows: expected values in [0, {kv_indices.shape[0]}), got {table_rows.tolist()}")
         _check_slots(k_cache, kv_indices, table_rows, ctx, page_size)
     return max_extend_len
-
-
-_MEMO_EXTEND = V.Memo()
-
-
-def _attention_extend_fast(q, k_cache, v_cache, *, cu_seqlens_q, prefix_lens, kv_indices, table_rows,
-                           max_extend_len=None, softmax_scale=None, page_size=1):
-    """:func:`attention_extend` for the integrations: static checks once per argument signature
-    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), ``max_extend_len`` and
-    the value checks on every call, then the same kernel call."""
-    key = (V.sig(q), V.sig(k_cache), V.sig(v_cache), V.sig(cu_seqlens_q), V.sig(prefix_lens), V.sig(kv_indices),
-           V.sig(table_rows), V.sig(softmax_scale), V.sig(page_size))
-    _MEMO_EXTEND.once(key, lambda: _scale(softmax_scale, _check_extend(
-        q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, page_size)))
-    max_extend_len = _extend_values(q, k_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows, max_extend_len,
-                                    page_size)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    return _impl().extend(q, k_cache, v_cache, cu_seqlens_q, prefix_lens, kv_indices, table_rows,
-                          max_extend_len, scale, page_size)
 
 
 def attention_decode(q, k_cache, v_cache, *, seq_lens, kv_indices=None, table_rows=None, softmax_scale=None,
@@ -257,9 +257,32 @@ def attention_decode(q, k_cache, v_cache, *, seq_lens, kv_indices=None, table_ro
     Returns
     -------
     Tensor [B, Hq, D]
+
+    Value checks (1 <= seq_lens <= min(max_context_len, capacity), table_rows and slots inside the table
+    and pool) read tensor values, a host sync: they run on CPU tensors always and on CUDA tensors only
+    with ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture (SGLang's decode is captured); a bad value on
+    the GPU otherwise gives undefined rows.
     """
+    key = (V.sig(q), V.sig(k_cache), V.sig(v_cache), V.sig(seq_lens), V.sig(kv_indices), V.sig(table_rows),
+           V.sig(softmax_scale), V.sig(page_size), V.sig(max_context_len), V.sig(out))
+    _MEMO_DECODE.once(key, _check_decode, q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale,
+                      page_size, max_context_len, out)
+    cap = kv_indices.shape[1] * page_size if kv_indices is not None else k_cache.shape[1]
+    if max_context_len is None:
+        max_context_len = cap
+    if V.check_values(q.device):
+        _decode_values(q, k_cache, seq_lens, kv_indices, table_rows, page_size, min(max_context_len, cap))
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    return _impl().decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, scale, page_size, max_context_len,
+                          out=out)
+
+
+def _check_decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, softmax_scale, page_size, max_context_len,
+                  out):
+    """Static checks of :func:`attention_decode`."""
     dense = kv_indices is None
-    D = _check_qkv(q, k_cache, v_cache, q_ndim=3, kv_ndim=3 if not dense else 4, head_axis=1 if not dense else 2)
+    D = _check_qkv(q, k_cache, v_cache, q_ndim=3, kv_ndim=3 if not dense else 4, head_axis=1 if not dense else 2,
+                   kv_names=("k_cache", "v_cache"))
     B = q.shape[0]
     _check_index("seq_lens", seq_lens, q.device)
     if seq_lens.numel() != B:
@@ -269,25 +292,28 @@ def attention_decode(q, k_cache, v_cache, *, seq_lens, kv_indices=None, table_ro
             raise ValueError("table_rows: expected None with a dense cache (kv_indices=None)")
         if k_cache.shape[0] != B:
             raise ValueError(f"k_cache: expected a dense cache [B={B}, S, Hkv, D], got {tuple(k_cache.shape)}")
-        cap = k_cache.shape[1]
     else:
         if table_rows is None:
             raise ValueError("table_rows: expected an int tensor [B] with a paged cache")
         _check_paged(k_cache, v_cache, kv_indices, table_rows, page_size, q.device, B)
-        cap = kv_indices.shape[1] * page_size
-    if max_context_len is None:
-        max_context_len = cap
-    elif isinstance(max_context_len, bool) or not isinstance(max_context_len, int) or max_context_len < 1:
+    if max_context_len is not None and (isinstance(max_context_len, bool) or not isinstance(max_context_len, int)
+                                        or max_context_len < 1):
         raise TypeError(f"max_context_len: expected a positive int, got {max_context_len!r}")
-    if V.check_values(q.device):
-        if B and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > max_context_len):
-            raise ValueError(f"seq_lens: expected values in [1, {max_context_len}], got min {int(seq_lens.min())} "
-                             f"max {int(seq_lens.max())}")
-        if not dense:
-            _check_slots(k_cache, kv_indices, table_rows, seq_lens, page_size)
     if out is not None:
         V.tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device, contiguous_last=True)
         if out.shape != q.shape:
             raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(out.shape)}")
-    return _impl().decode(q, k_cache, v_cache, seq_lens, kv_indices, table_rows, _scale(softmax_scale, D),
-                          page_size, max_context_len, out=out)
+    _scale(softmax_scale, D)
+
+
+def _decode_values(q, k_cache, seq_lens, kv_indices, table_rows, page_size, limit):
+    """Value checks of :func:`attention_decode` (a host sync: CPU always, GPU with ``TIK_CHECK_VALUES=1``);
+    ``limit``: min(max_context_len, the cache length S or the table width x page_size)."""
+    if q.shape[0] and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > limit):
+        raise ValueError(f"seq_lens: expected values in [1, {limit}] (max_context_len and the cache / table "
+                         f"capacity), got min {int(seq_lens.min())} max {int(seq_lens.max())}")
+    if kv_indices is not None:
+        _check_slots(k_cache, kv_indices, table_rows, seq_lens, page_size)
+
+
+_MEMO_VARLEN, _MEMO_EXTEND, _MEMO_DECODE = V.Memo(), V.Memo(), V.Memo()

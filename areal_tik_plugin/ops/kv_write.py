@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
+from areal_tik_plugin.runtime import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -18,6 +18,9 @@ CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3f
 
 def _impl():
     return _loader.current_module("kv_write")
+
+
+_MEMO = V.Memo()
 
 
 def kv_write(k_cache, v_cache, loc, k, v):
@@ -31,10 +34,12 @@ def kv_write(k_cache, v_cache, loc, k, v):
 
     Returns
     -------
-    None. The launch depends on shapes only (CUDA-graph capturable; no host sync on GPU unless
-    ``TIK_CHECK_VALUES=1``).
+    None. The launch depends on shapes only (CUDA-graph capturable). The value check 0 <= loc < slots
+    reads loc, a host sync: it runs on CPU tensors always and on CUDA tensors only with
+    ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture; an out-of-range slot on the GPU otherwise is
+    undefined behaviour.
     """
-    _check(k_cache, v_cache, loc, k, v)
+    _MEMO.once((V.sig(k_cache), V.sig(v_cache), V.sig(loc), V.sig(k), V.sig(v)), _check, k_cache, v_cache, loc, k, v)
     _check_loc(k_cache, loc)
     _impl().forward(k_cache, v_cache, loc, k, v)
 
@@ -64,16 +69,3 @@ def _check_loc(k_cache, loc):
         lo, hi = int(loc.min()), int(loc.max())
         if lo < 0 or hi >= k_cache.shape[0]:
             raise ValueError(f"loc: expected slots in [0, {k_cache.shape[0]}), got min {lo} max {hi}")
-
-
-_MEMO = V.Memo()
-
-
-def _kv_write_fast(k_cache, v_cache, loc, k, v):
-    """:func:`kv_write` for the integrations: static checks once per argument signature
-    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), the slot value check on
-    every call, then the same kernel call."""
-    key = (V.sig(k_cache), V.sig(v_cache), V.sig(loc), V.sig(k), V.sig(v))
-    _MEMO.once(key, _check, k_cache, v_cache, loc, k, v)
-    _check_loc(k_cache, loc)
-    _impl().forward(k_cache, v_cache, loc, k, v)

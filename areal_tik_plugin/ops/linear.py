@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
-from areal_tik_plugin import native as _native
+from areal_tik_plugin.runtime import loader as _loader
+from areal_tik_plugin.runtime import native as _native
 from areal_tik_plugin.ops import _validate as V
 
 
@@ -73,12 +73,24 @@ def linear(x, weight, bias=None):
     -------
     Tensor [..., N] in x.dtype (fp32 accumulation, one rounding). Differentiable w.r.t. x, weight
     and bias (backward through cuBLAS).
+
+    The checks read only shapes, strides, dtypes and devices: they run once per argument signature
+    (:class:`~areal_tik_plugin.ops._validate.Memo`), so a repeated call costs a dictionary lookup.
     """
     r = _native.served("linear", x, weight, bias)  # eager 2-D forward through the native host path (same kernel, same bits)
     if r is not None:
         return r
-    check_linear_args(x, weight, bias)
-    return _run(x, weight, bias)
+    _MEMO.once((V.sig(x), V.sig(weight), V.sig(bias)), check_linear_args, x, weight, bias)
+    if x.dim() != 2:
+        return _run(x, weight, bias)
+    # a 2-D x (the integrations' usual case): the kernel's [M, K] operand as is, no reshapes
+    needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if torch.is_grad_enabled() and needs_grad:
+        return _Linear.apply(x, weight, bias)
+    return _forward(x, weight, bias)
+
+
+_MEMO = V.Memo()
 
 
 def _run(x, weight, bias):
@@ -93,24 +105,3 @@ def _run(x, weight, bias):
     else:  # inference (rollout): no autograd node, less host overhead
         y = _forward(x2, weight, bias)
     return y.reshape(*lead, weight.shape[0])
-
-
-_MEMO = V.Memo()
-
-
-def _linear_fast(x, weight, bias=None):
-    """:func:`linear` for the integrations: static checks once per argument signature
-    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
-    call on the same ``[M, K]`` operand -- bit-identical results. A 2-D ``x`` (the integrations'
-    usual case) skips the reshapes."""
-    r = _native.served("linear", x, weight, bias)
-    if r is not None:
-        return r
-    key = (V.sig(x), V.sig(weight), V.sig(bias))
-    _MEMO.once(key, check_linear_args, x, weight, bias)
-    if x.dim() != 2:
-        return _run(x, weight, bias)
-    needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    if torch.is_grad_enabled() and needs_grad:
-        return _Linear.apply(x, weight, bias)
-    return _forward(x, weight, bias)

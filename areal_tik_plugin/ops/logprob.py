@@ -21,7 +21,7 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _impl():
-    from areal_tik_plugin.loader import get_implementation
+    from areal_tik_plugin.runtime.loader import get_implementation
 
     return get_implementation().module("logprob")
 
@@ -57,29 +57,24 @@ def token_logprobs(logits, tokens, temperature=1.0, return_entropy=False):
     Returns
     -------
     logp fp32 Tensor (shape of tokens), or (logp, entropy); differentiable w.r.t. logits.
+
+    Value checks (0 <= tokens < V, per-row temperatures finite and > 0) read tensor values, a host sync:
+    they run on CPU tensors always and on CUDA tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-
+    graph capture (SGLang's decode is captured); a bad value on the GPU otherwise gives undefined rows.
     """
-    V.tensor("logits", logits, dtypes=FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
-    if logits.dim() < 1 or logits.shape[-1] < 1:
-        raise ValueError(f"logits: expected a tensor [..., V] with V >= 1, got shape {tuple(logits.shape)}")
+    key = (V.sig(logits), V.sig(tokens), V.sig(temperature), V.sig(return_entropy))
+    _MEMO.once(key, _check, logits, tokens, temperature, return_entropy)
     Vn = logits.shape[-1]
     lead = tuple(logits.shape[:-1])
-    V.tensor("tokens", tokens, dtypes=V.INDEX_DTYPES, device=logits.device, allow_empty=True)
-    if tuple(tokens.shape) != lead:
-        raise ValueError(f"tokens: expected shape {lead} (the leading dims of logits), got {tuple(tokens.shape)}")
     temp_tensor = None
     if isinstance(temperature, torch.Tensor):
-        V.tensor("temperature", temperature, dtypes=(torch.float32,), device=logits.device, allow_empty=True)
-        if tuple(temperature.shape) != lead:
-            raise ValueError(f"temperature: expected a float or an fp32 tensor of shape {lead}, "
-                             f"got shape {tuple(temperature.shape)}")
         temp_tensor = temperature.reshape(-1).contiguous()
         temperature = 1.0
-        if temp_tensor.numel() and V.check_values(logits.device) and not bool((temp_tensor > 0).all()):
-            raise ValueError("temperature: expected positive values")
+        if temp_tensor.numel() and V.check_values(logits.device) and not bool(
+                ((temp_tensor > 0) & torch.isfinite(temp_tensor)).all()):
+            raise ValueError(f"temperature: expected finite positive values, got {temp_tensor.tolist()[:16]}")
     else:
-        temperature = V.positive_float("temperature", temperature)
-    if not isinstance(return_entropy, bool):
-        raise TypeError(f"return_entropy: expected a bool, got {type(return_entropy).__name__}")
+        temperature = float(temperature)
     x = logits.reshape(-1, Vn)
     tok = tokens.reshape(-1).contiguous()
     if tok.numel() and V.check_values(logits.device):
@@ -94,3 +89,26 @@ def token_logprobs(logits, tokens, temperature=1.0, return_entropy=False):
         logp, ent, _ = _impl().forward(x, tok, temp_tensor if temp_tensor is not None else temperature,
                                        entropy=return_entropy)
     return (logp.view(lead), ent.view(lead)) if return_entropy else logp.view(lead)
+
+
+def _check(logits, tokens, temperature, return_entropy):
+    """Static checks of :func:`token_logprobs` (shapes, dtypes, devices, the scalar arguments)."""
+    V.tensor("logits", logits, dtypes=FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"logits: expected a tensor [..., V] with V >= 1, got shape {tuple(logits.shape)}")
+    lead = tuple(logits.shape[:-1])
+    V.tensor("tokens", tokens, dtypes=V.INDEX_DTYPES, device=logits.device, allow_empty=True)
+    if tuple(tokens.shape) != lead:
+        raise ValueError(f"tokens: expected shape {lead} (the leading dims of logits), got {tuple(tokens.shape)}")
+    if isinstance(temperature, torch.Tensor):
+        V.tensor("temperature", temperature, dtypes=(torch.float32,), device=logits.device, allow_empty=True)
+        if tuple(temperature.shape) != lead:
+            raise ValueError(f"temperature: expected a float or an fp32 tensor of shape {lead}, "
+                             f"got shape {tuple(temperature.shape)}")
+    else:
+        V.positive_float("temperature", temperature)
+    if not isinstance(return_entropy, bool):
+        raise TypeError(f"return_entropy: expected a bool, got {type(return_entropy).__name__}")
+
+
+_MEMO = V.Memo()

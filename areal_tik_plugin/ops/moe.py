@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
+from areal_tik_plugin.runtime import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 from areal_tik_plugin.ops.linear import linear
 
@@ -85,6 +85,14 @@ def moe_route(router_logits, top_k, norm_topk_prob):
     (topk_weights fp32 [T, k], topk_ids int32 [T, k]); slots in descending probability.
     ``topk_weights`` is differentiable w.r.t. ``router_logits``.
     """
+    _MEMO_ROUTE.once((V.sig(router_logits), V.sig(top_k), V.sig(norm_topk_prob)), _check_route, router_logits, top_k,
+                     norm_topk_prob)
+    if torch.is_grad_enabled() and router_logits.requires_grad:
+        return _Route.apply(router_logits, top_k, norm_topk_prob)
+    return _impl().route(router_logits, top_k, norm_topk_prob)
+
+
+def _check_route(router_logits, top_k, norm_topk_prob):
     V.tensor("router_logits", router_logits, ndim=2, dtypes=V.FLOAT_DTYPES + (torch.float32,),
              contiguous_last=True, allow_empty=True)
     E = router_logits.shape[1]
@@ -92,9 +100,6 @@ def moe_route(router_logits, top_k, norm_topk_prob):
         raise ValueError(f"router_logits: expected 1 <= num_experts <= 1024 columns, got {E}")
     _check_top_k(top_k, E)
     _check_norm(norm_topk_prob)
-    if torch.is_grad_enabled() and router_logits.requires_grad:
-        return _Route.apply(router_logits, top_k, norm_topk_prob)
-    return _impl().route(router_logits, top_k, norm_topk_prob)
 
 
 class _Experts(torch.autograd.Function):
@@ -151,7 +156,12 @@ def _check_experts(x, w_gate_up, w_down, topk_weights, topk_ids):
     k = topk_ids.shape[1]
     if not 1 <= k <= min(E, MAX_TOP_K):
         raise ValueError(f"topk_ids: expected 1 <= k <= min(num_experts={E}, {MAX_TOP_K}) columns, got {k}")
-    if T and V.check_values(dev):
+
+
+def _experts_values(x, w_gate_up, topk_ids):
+    """Value check of :func:`moe_experts` (a host sync: CPU always, GPU with ``TIK_CHECK_VALUES=1``)."""
+    T, E = x.shape[0], w_gate_up.shape[0]
+    if T and V.check_values(x.device):
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         if lo < 0 or hi >= E:
             raise ValueError(f"topk_ids: expected expert ids in [0, {E}), got values in [{lo}, {hi}]")
@@ -171,8 +181,14 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids):
     Returns
     -------
     Tensor [T, H] in x.dtype; differentiable w.r.t. x, w_gate_up, w_down and topk_weights.
+
+    Value checks (0 <= topk_ids < E) read tensor values, a host sync: they run on CPU tensors always and
+    on CUDA tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture (SGLang's decode is
+    captured); a bad value on the GPU otherwise gives undefined rows.
     """
-    _check_experts(x, w_gate_up, w_down, topk_weights, topk_ids)
+    key = (V.sig(x), V.sig(w_gate_up), V.sig(w_down), V.sig(topk_weights), V.sig(topk_ids))
+    _MEMO_EXPERTS.once(key, _check_experts, x, w_gate_up, w_down, topk_weights, topk_ids)
+    _experts_values(x, w_gate_up, topk_ids)
     if topk_weights.stride(-1) != 1 or topk_weights.stride(0) != topk_weights.shape[1]:
         topk_weights = topk_weights.contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate_up, w_down, topk_weights)):
@@ -194,6 +210,15 @@ def moe_block(x, router_weight, w_gate_up, w_down, top_k, norm_topk_prob):
     -------
     (out [T, H] x.dtype, router_logits [T, E] x.dtype)
     """
+    _MEMO_BLOCK.once((V.sig(x), V.sig(router_weight), V.sig(w_gate_up)), _check_block, x, router_weight, w_gate_up)
+    logits = linear(x, router_weight)
+    weights, ids = moe_route(logits, top_k, norm_topk_prob)
+    out = moe_experts(x, w_gate_up, w_down, weights, ids)
+    return out, logits
+
+
+def _check_block(x, router_weight, w_gate_up):
+    """Static checks of :func:`moe_block` that its parts do not make (the router's expert count)."""
     V.tensor("x", x, ndim=2, dtypes=V.FLOAT_DTYPES, contiguous_last=True, allow_empty=True)
     V.tensor("router_weight", router_weight, ndim=2, dtypes=(x.dtype,), device=x.device, contiguous_last=True)
     if router_weight.shape[1] != x.shape[1]:
@@ -201,7 +226,6 @@ def moe_block(x, router_weight, w_gate_up, w_down, top_k, norm_topk_prob):
     if isinstance(w_gate_up, torch.Tensor) and w_gate_up.dim() == 3 and w_gate_up.shape[0] != router_weight.shape[0]:
         raise ValueError(f"w_gate_up: expected {router_weight.shape[0]} experts (router_weight rows), "
                          f"got {w_gate_up.shape[0]}")
-    logits = linear(x, router_weight)
-    weights, ids = moe_route(logits, top_k, norm_topk_prob)
-    out = moe_experts(x, w_gate_up, w_down, weights, ids)
-    return out, logits
+
+
+_MEMO_ROUTE, _MEMO_EXPERTS, _MEMO_BLOCK = V.Memo(), V.Memo(), V.Memo()

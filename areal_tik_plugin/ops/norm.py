@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
-from areal_tik_plugin import native as _native
+from areal_tik_plugin.runtime import loader as _loader
+from areal_tik_plugin.runtime import native as _native
 from areal_tik_plugin.ops import _validate as V
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -86,6 +86,9 @@ class _RMSNormResidual(torch.autograd.Function):
         return dx, dx, dw.to(weight.dtype), None
 
 
+_MEMO, _MEMO_RES, _MEMO_QK = V.Memo(), V.Memo(), V.Memo()
+
+
 def rms_norm(x, weight, eps):
     """RMSNorm over the last dim.
 
@@ -103,27 +106,9 @@ def rms_norm(x, weight, eps):
     r = _native.served("rmsnorm", x, weight, eps, None)  # eager forward through the native host path (same kernel, same bits)
     if r is not None:
         return r
-    eps = _check(x, weight, eps)
-    if not _needs_grad(x, weight):  # inference (SGLang): the same kernel without autograd bookkeeping
-        return _forward(x, weight, eps)
-    return _RMSNorm.apply(x, weight, eps)
-
-
-_MEMO = V.Memo()
-
-
-def _rms_norm_fast(x, weight, eps):
-    """:func:`rms_norm` for the integrations: its static checks run once per argument signature
-    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
-    call -- bit-identical results."""
-    r = _native.served("rmsnorm", x, weight, eps, None)
-    if r is not None:
-        return r
-    impl = _impl()
-    key = (impl, V.sig(x), V.sig(weight), type(eps), eps)
-    _MEMO.once(key, _check, x, weight, eps)
+    _MEMO.once((_impl(), V.sig(x), V.sig(weight), type(eps), eps), _check, x, weight, eps)
     eps = float(eps)
-    if not _needs_grad(x, weight):
+    if not _needs_grad(x, weight):  # inference (SGLang): the same kernel without autograd bookkeeping
         return _forward(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)
 
@@ -145,8 +130,12 @@ def rms_norm_residual(x, residual, weight, eps):
     r = _native.served("rmsnorm", x, weight, eps, residual)  # the native host path (same kernel, same bits)
     if r is not None:
         return r
-    eps = _check_residual(x, residual, weight, eps)
-    return _run_residual(_impl(), x, residual, weight, eps)
+    key = (_impl(), V.sig(x), V.sig(residual), V.sig(weight), type(eps), eps)
+    _MEMO_RES.once(key, _check_residual, x, residual, weight, eps)
+    eps = float(eps)
+    if not _needs_grad(x, residual, weight):
+        return _forward(x, weight, eps, residual)
+    return _RMSNormResidual.apply(x, residual, weight, eps)
 
 
 def _check_residual(x, residual, weight, eps):
@@ -156,27 +145,6 @@ def _check_residual(x, residual, weight, eps):
     if residual.shape != x.shape:
         raise ValueError(f"residual: expected shape {tuple(x.shape)} (same as x), got {tuple(residual.shape)}")
     return eps
-
-
-def _run_residual(impl, x, residual, weight, eps):
-    if not _needs_grad(x, residual, weight):
-        return _forward(x, weight, eps, residual)
-    return _RMSNormResidual.apply(x, residual, weight, eps)
-
-
-_MEMO_RES = V.Memo()
-
-
-def _rms_norm_residual_fast(x, residual, weight, eps):
-    """:func:`rms_norm_residual` with its static checks run once per argument signature (as
-    :func:`_rms_norm_fast`): the same kernel call, bit-identical results, the same errors."""
-    r = _native.served("rmsnorm", x, weight, eps, residual)
-    if r is not None:
-        return r
-    impl = _impl()
-    key = (impl, V.sig(x), V.sig(residual), V.sig(weight), type(eps), eps)
-    _MEMO_RES.once(key, _check_residual, x, residual, weight, eps)
-    return _run_residual(impl, x, residual, weight, float(eps))
 
 
 def qk_rms_norm(qk, q_weight, k_weight, num_q_heads, eps):
@@ -198,8 +166,12 @@ def qk_rms_norm(qk, q_weight, k_weight, num_q_heads, eps):
     Tensor [T, Hq + Hkv, D] (contiguous, qk.dtype); not differentiable (raises when a gradient is
     required: the training forward runs :func:`rms_norm` per projection).
     """
-    eps = _check_qk(qk, q_weight, k_weight, num_q_heads, eps)
-    return _impl().forward_two_weights(qk, q_weight, k_weight, int(num_q_heads), eps)
+    impl = _impl()
+    key = (impl, V.sig(qk), V.sig(q_weight), V.sig(k_weight), V.sig(num_q_heads), type(eps), eps)
+    _MEMO_QK.once(key, _check_qk, qk, q_weight, k_weight, num_q_heads, eps)
+    if _needs_grad(qk, q_weight, k_weight):  # not in the signature: checked (raises) on every call
+        _check_qk(qk, q_weight, k_weight, num_q_heads, eps)
+    return impl.forward_two_weights(qk, q_weight, k_weight, int(num_q_heads), float(eps))
 
 
 def _check_qk(qk, q_weight, k_weight, num_q_heads, eps):
@@ -212,17 +184,3 @@ def _check_qk(qk, q_weight, k_weight, num_q_heads, eps):
         raise ValueError("qk_rms_norm: inputs require grad; it has no backward (the training forward runs "
                          "rms_norm on q and k separately, with the same bits)")
     return eps
-
-
-_MEMO_QK = V.Memo()
-
-
-def _qk_rms_norm_fast(qk, q_weight, k_weight, num_q_heads, eps):
-    """:func:`qk_rms_norm` with its static checks run once per argument signature (as
-    :func:`_rms_norm_fast`); the grad check runs on every call."""
-    impl = _impl()
-    key = (impl, V.sig(qk), V.sig(q_weight), V.sig(k_weight), V.sig(num_q_heads), type(eps), eps)
-    _MEMO_QK.once(key, _check_qk, qk, q_weight, k_weight, num_q_heads, eps)
-    if _needs_grad(qk, q_weight, k_weight):  # not in the signature: checked (raises) on every call
-        _check_qk(qk, q_weight, k_weight, num_q_heads, eps)
-    return impl.forward_two_weights(qk, q_weight, k_weight, int(num_q_heads), float(eps))

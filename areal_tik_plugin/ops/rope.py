@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
+from areal_tik_plugin.runtime import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 from areal_tik_plugin.ops.kv_write import _check as _kv_check, _check_loc as _kv_check_loc
 
@@ -48,6 +48,9 @@ class _Rope(torch.autograd.Function):
         return dq_in, dk_in, None, None, None
 
 
+_MEMO, _MEMO_KV = V.Memo(), V.Memo()
+
+
 def apply_rope(q, k, positions, inv_freq, attention_scaling=1.0):
     """Rotate q and k by their tokens' positions (NeoX rotate-half).
 
@@ -62,10 +65,15 @@ def apply_rope(q, k, positions, inv_freq, attention_scaling=1.0):
     Returns
     -------
     (q_out, k_out), new contiguous tensors (k_out None when k is None); differentiable w.r.t. q, k.
+
+    Value checks (0 <= positions < 2**24) read tensor values, a host sync: they run on CPU tensors
+    always and on CUDA tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-graph capture (SGLang's
+    decode is captured); a bad value on the GPU otherwise gives undefined rows.
     """
-    scaling = _check(q, k, positions, inv_freq, attention_scaling)
+    key = (V.sig(q), V.sig(k), V.sig(positions), V.sig(inv_freq), type(attention_scaling), attention_scaling)
+    _MEMO.once(key, _check, q, k, positions, inv_freq, attention_scaling)
     _check_positions(q, positions)
-    return _run(q, k, positions, inv_freq, scaling)
+    return _run(q, k, positions, inv_freq, float(attention_scaling))
 
 
 def _check(q, k, positions, inv_freq, attention_scaling):
@@ -102,19 +110,6 @@ def _run(q, k, positions, inv_freq, scaling):
     return _Rope.apply(q, k, positions, inv_freq, scaling)
 
 
-_MEMO = V.Memo()
-
-
-def _apply_rope_fast(q, k, positions, inv_freq, attention_scaling=1.0):
-    """:func:`apply_rope` for the integrations: static checks once per argument signature
-    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), the value check on
-    every call, then the same kernel call -- bit-identical results."""
-    key = (V.sig(q), V.sig(k), V.sig(positions), V.sig(inv_freq), type(attention_scaling), attention_scaling)
-    _MEMO.once(key, _check, q, k, positions, inv_freq, attention_scaling)
-    _check_positions(q, positions)
-    return _run(q, k, positions, inv_freq, float(attention_scaling))
-
-
 def apply_rope_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc):
     """:func:`apply_rope` on q and k with k's rotated rows and v's rows written into the paged KV pool
     at slots ``loc`` (SGLang: RoPE, then ``set_kv_buffer``), in one launch (rollout path, no gradients).
@@ -131,10 +126,18 @@ def apply_rope_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache
     Returns
     -------
     q_out [T, Hq, D] contiguous; the caches are written in place.
+
+    Value checks (positions as :func:`apply_rope`, 0 <= loc < slots) read tensor values, a host sync:
+    they run on CPU tensors always and on CUDA tensors only with ``TIK_CHECK_VALUES=1`` outside CUDA-
+    graph capture (SGLang's decode is captured); a bad value on the GPU otherwise gives undefined rows.
     """
-    scaling = _check_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
+    key = (V.sig(q), V.sig(k), V.sig(v), V.sig(positions), V.sig(inv_freq), type(attention_scaling),
+           attention_scaling, V.sig(k_cache), V.sig(v_cache), V.sig(loc))
+    _MEMO_KV.once(key, _check_kv_write, q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):  # not in the signature: every call
+        _check_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
     _check_values_kv(q, positions, k_cache, loc)
-    return _impl().forward_kv_write(q, k, v, positions, inv_freq, scaling, k_cache, v_cache, loc)
+    return _impl().forward_kv_write(q, k, v, positions, inv_freq, float(attention_scaling), k_cache, v_cache, loc)
 
 
 def _check_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc):
@@ -151,18 +154,3 @@ def _check_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_
 def _check_values_kv(q, positions, k_cache, loc):
     _check_positions(q, positions)
     _kv_check_loc(k_cache, loc)
-
-
-_MEMO_KV = V.Memo()
-
-
-def _apply_rope_kv_write_fast(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc):
-    """:func:`apply_rope_kv_write` with its static checks once per argument signature (the grad check
-    and the value checks on every call)."""
-    key = (V.sig(q), V.sig(k), V.sig(v), V.sig(positions), V.sig(inv_freq), type(attention_scaling),
-           attention_scaling, V.sig(k_cache), V.sig(v_cache), V.sig(loc))
-    _MEMO_KV.once(key, _check_kv_write, q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):  # not in the signature: every call
-        _check_kv_write(q, k, v, positions, inv_freq, attention_scaling, k_cache, v_cache, loc)
-    _check_values_kv(q, positions, k_cache, loc)
-    return _impl().forward_kv_write(q, k, v, positions, inv_freq, float(attention_scaling), k_cache, v_cache, loc)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
-from areal_tik_plugin import native as _native
+from areal_tik_plugin.runtime import loader as _loader
+from areal_tik_plugin.runtime import native as _native
 from areal_tik_plugin.ops import _validate as V
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -57,6 +57,9 @@ class _SwiGLUFused(torch.autograd.Function):
         return _impl().backward_fused(_grad(dy), gate_up)
 
 
+_MEMO, _MEMO_FUSED = V.Memo(), V.Memo()
+
+
 def swiglu(gate, up):
     """``silu(gate) * up``.
 
@@ -71,7 +74,7 @@ def swiglu(gate, up):
     r = _native.served("swiglu", gate, up)  # eager forward through the native host path (same kernel, same bits)
     if r is not None:
         return r
-    _check(gate, up)
+    _MEMO.once((V.sig(gate), V.sig(up)), _check, gate, up)
     return _run(gate, up)
 
 
@@ -90,21 +93,6 @@ def _run(gate, up):
     return _SwiGLU.apply(gate, up)
 
 
-_MEMO = V.Memo()
-
-
-def _swiglu_fast(gate, up):
-    """:func:`swiglu` for the integrations: static checks once per argument signature
-    (:class:`~areal_tik_plugin.ops._validate.Memo`; the same errors on a miss), then the same kernel
-    call -- bit-identical results."""
-    r = _native.served("swiglu", gate, up)
-    if r is not None:
-        return r
-    key = (V.sig(gate), V.sig(up))
-    _MEMO.once(key, _check, gate, up)
-    return _run(gate, up)
-
-
 def swiglu_fused(gate_up):
     """``silu(gate_up[..., :I]) * gate_up[..., I:]``.
 
@@ -119,7 +107,7 @@ def swiglu_fused(gate_up):
     r = _native.served("swiglu_fused", gate_up)  # the native host path (same kernel, same bits)
     if r is not None:
         return r
-    _check_fused(gate_up)
+    _MEMO_FUSED.once(V.sig(gate_up), _check_fused, gate_up)
     return _run_fused(gate_up)
 
 
@@ -133,17 +121,3 @@ def _run_fused(gate_up):
     if not (torch.is_grad_enabled() and gate_up.requires_grad):
         return _forward_fused(gate_up)
     return _SwiGLUFused.apply(gate_up)
-
-
-_MEMO_FUSED = V.Memo()
-
-
-def _swiglu_fused_fast(gate_up):
-    """:func:`swiglu_fused` with its static checks run once per argument signature (as
-    :func:`_swiglu_fast`): the same kernel call, bit-identical results, the same errors."""
-    r = _native.served("swiglu_fused", gate_up)
-    if r is not None:
-        return r
-    key = V.sig(gate_up)
-    _MEMO_FUSED.once(key, _check_fused, gate_up)
-    return _run_fused(gate_up)

@@ -103,7 +103,7 @@ def test_clock_replacement_is_caught_at_run_time_without_static_check(h):
 
 
 # ---- 2. the check recorder ------------------------------------------------------------------------
-RECORDER = ("from areal_tik_plugin.gpu import suite as _s\n"
+RECORDER = ("from areal_tik_plugin.contract import suite as _s\n"
             "_s.Recorder.check = lambda self, name, passed, **d: self.checks.append({'name': name, 'passed': True}) or True\n")
 
 

@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 
-from areal_tik_plugin import loader
+from areal_tik_plugin.runtime import loader
 from areal_tik_plugin.cli import main
 from areal_tik_plugin.search import SPECS_DIR, TESTDATA_DIR
 from areal_tik_plugin.search.export import EVIDENCE_FILE, ExportError, export, require_evidence

@@ -12,7 +12,7 @@ import pytest
 
 from areal_tik_plugin.cli import main
 from areal_tik_plugin.search.state import RunError
-from tests.test_search_state import FakeEvaluator, _run
+from tests.search.test_search_state import FakeEvaluator, _run
 
 
 def _step(run, opp, parents, edits, decision="ARCHIVE", opps=None):

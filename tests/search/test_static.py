@@ -19,7 +19,7 @@ ROOT = "import os\nimport torch\nFAST = os.environ.get('X')\n"
     ("import torch\ntorch.cuda.Event = object\n", "foreign module 'torch'"),
     ("import torch\nev = torch.cuda\nev.Event = object\n", "foreign module 'ev'"),
     ("from torch import cuda\ncuda.synchronize = print\n", "foreign module 'cuda'"),
-    ("from areal_tik_plugin.gpu import suite\n", "import of 'areal_tik_plugin.gpu'"),
+    ("from areal_tik_plugin.contract import suite\n", "import of 'areal_tik_plugin.contract'"),
     ("import torch\ntorch.os.system('true')\n", "attribute 'os'"),
     ("import torch\nx = torch.__dict__\n", "dunder attribute '__dict__'"),
     ("x = ().__class__.__mro__\n", "dunder attribute '__class__'"),

@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from areal_tik_plugin import loader
-from areal_tik_plugin.gpu.suite import Recorder
+from areal_tik_plugin.runtime import loader
+from areal_tik_plugin.contract.suite import Recorder
 from areal_tik_plugin.search import SPECS_DIR, instructions as INS, spec as S
 from areal_tik_plugin.search.runners import Context, attention as R
 
