@@ -146,16 +146,20 @@ def cmd_next(args, run=None) -> int:
     run = run or _open(args.run, lock=False)
     st = run.state()
     ph = run.phase()
+    lim = run.limits()
     out: dict[str, Any] = {"run": run.root, "phase": ph, "step": st.t, "best": st.best,
                            "best_objective_us": st.best_objective_us, "kappa": st.kappa,
-                           "kappa_max": run.limits()["kappa_max"]}
+                           "kappa_max": lim["kappa_max"],
+                           "limits": {**lim, "from": run.limit_sources(),
+                                      "steps_left": None if lim["max_steps"] is None else max(0, lim["max_steps"] - st.t)},
+                           "revoked": st.revoked}
     if ph == "init":
         out["do"] = "tik search init ... (or `tik search run`): the root has not been audited"
     elif ph == "decide":
         step = st.open_step or 0
         au = run.audits[ir.make_id("audit", step)]
         out["audit"] = {"id": au.id, "implementation": au.implementation, "status": au.status, "stage": au.stage,
-                        "objective_us": au.objective_us, "promoted": au.promoted,
+                        "objective_us": au.objective_us, "promoted": au.promoted, "share": au.timing.get("share", {}),
                         "limit_violations": au.limit_violations, "error": (au.error or "")[:1500]}
         allowed = ["CONTINUE"] if step == 0 else (["CONTINUE", "MERGE", "ARCHIVE", "RETRY", "ABANDON"] if au.verified
                                                    else ["RETRY", "ABANDON"])
@@ -186,20 +190,16 @@ def cmd_record_action(args) -> int:
 
     run = _open(args.run)
     parents = [p for p in args.parents.split(",") if p]
-    if bool(args.edits) == bool(args.from_dir):
-        print("give exactly one of --edits FILE or --from-dir DIR", file=sys.stderr)
+    if args.edits and args.from_dir or not (args.edits or args.from_dir or len(parents) > 1):
+        print("give exactly one of --edits FILE or --from-dir DIR (or neither for a pure MERGE of several "
+              "--parents)", file=sys.stderr)
         return 2
     if args.edits:
-        with open(args.edits) as f:
-            text = f.read()
-        try:
-            edits = json.loads(text)
-            if not isinstance(edits, list):
-                raise ValueError
-        except ValueError:
-            edits = E.parse_search_replace(text)
-    else:
+        edits = _read_edits(args.edits)
+    elif args.from_dir:
         edits = E.edits_from_dirs(run.files_of(parents[0]), E.read_files(args.from_dir))
+    else:
+        edits = []
     meta = _load_data(args.meta) if args.meta else {}
 
     def pick(key, default):
@@ -212,7 +212,8 @@ def cmd_record_action(args) -> int:
         scope=pick("scope", ""), affected_regions=meta.get("affected_regions"),
         expected_effect=pick("expected_effect", ""), numerical_risks=pick("numerical_risks", ""),
         falsifier=pick("falsifier", ""), created_by=args.created_by,
-        llm={"total_tokens": int(args.tokens)} if args.tokens else None)
+        llm={"total_tokens": int(args.tokens)} if args.tokens else None,
+        merge=not args.from_dir)  # --from-dir is the complete (merged) tree; --edits go on the merge
     print(f"{a.id}: {a.parents} -> {a.offspring}" + (f"  (edits did not apply: {a.apply_error})" if a.apply_error else ""))
     print(a.diff[:4000])
     print(f"next: tik search audit {run.root}")
@@ -236,7 +237,9 @@ def cmd_audit(args) -> int:
     prog.log(f"{a.id} {a.implementation}: {a.status}" + (f" T={a.objective_us:.1f}us" if a.objective_us else ""))
     _print({"audit": a.id, "implementation": a.implementation, "status": a.status, "stage": a.stage,
             "verified": a.verified, "admissible": a.admissible, "objective_us": a.objective_us,
-            "limit_violations": a.limit_violations, "promoted": a.promoted, "best": a.best_after,
+            "limit_violations": a.limit_violations, "share": a.timing.get("share", {}),
+            "ab": {k: v for k, v in (a.timing.get("ab") or {}).get("verdict", {}).items()} if a.timing.get("ab") else None,
+            "promoted": a.promoted, "best": a.best_after,
             "kappa": a.kappa_after, "error": (a.error or "")[:2000],
             "failed_checks": [c for c in a.checks if not c.get("passed")][:10],
             "next": f"tik search decide {run.root} ..."})
@@ -248,7 +251,8 @@ def cmd_decide(args) -> int:
     opps = _load_data(args.opportunities) if args.opportunities else []
     d = run.decide(decision=args.decision, interpretation=args.interpretation, rationale=args.rationale,
                    new_opportunities=opps, close=[x for x in (args.close or "").split(",") if x],
-                   abandon=[x for x in (args.abandon or "").split(",") if x], created_by=args.created_by)
+                   abandon=[x for x in (args.abandon or "").split(",") if x], created_by=args.created_by,
+                   end=args.end)
     print(f"{d.id}: {d.decision} on {d.implementation}; new opportunities {d.new_opportunities}")
     return cmd_next(args, run=run)
 
@@ -326,6 +330,21 @@ def cmd_export(args) -> int:
     out["use"] = (f"tik verify --implementation {out['path']}   |   recipe override tik.implementation={out['path']}"
                   f"   |   TIK_IMPLEMENTATION={out['path']}")
     _print(out)
+    return 0
+
+
+def cmd_limits(args) -> int:
+    run = _open(args.run)
+    if args.max_steps is None and args.time_budget_s is None:
+        print("give --max-steps N and/or --time-budget-s S (kappa_max is part of the spec and cannot change)",
+              file=sys.stderr)
+        return 2
+    for k, v in (("max_steps", args.max_steps), ("time_budget_s", args.time_budget_s)):
+        if v is not None and v <= 0:
+            print(f"--{k.replace('_', '-')} must be positive, got {v}", file=sys.stderr)
+            return 2
+    run.set_options(max_steps=args.max_steps, time_budget_s=args.time_budget_s)
+    _print({"limits": run.limits(), "from": run.limit_sources(), "phase": run.phase()})
     return 0
 
 
@@ -482,6 +501,8 @@ def register(sub) -> None:
     r.add_argument("--opportunities", help="JSON/YAML list of new opportunities")
     r.add_argument("--close", help="comma list of pending opportunities to drop")
     r.add_argument("--abandon", help="comma list of retained implementations to drop")
+    r.add_argument("--end", action="store_true",
+                   help="allow the decision to leave no pending opportunity (ends the search); refused otherwise")
     common(r)
     r.set_defaults(func=_safe(cmd_decide))
 
@@ -513,6 +534,12 @@ def register(sub) -> None:
     r.add_argument("--dry-run", action="store_true", help="only report whether/how the edits apply")
     r.add_argument("--out", default=None, help="write the edited copy here (for record-action --from-dir)")
     r.set_defaults(func=_safe(cmd_apply))
+
+    r = s.add_parser("limits", help="raise / set the run's step and time budgets (reported by `next`)")
+    r.add_argument("run")
+    r.add_argument("--max-steps", type=int, default=None)
+    r.add_argument("--time-budget-s", type=float, default=None)
+    r.set_defaults(func=_safe(cmd_limits))
 
     r = s.add_parser("revoke", help="withdraw a verdict: out of best/frontier/archive, best recomputed")
     r.add_argument("run")

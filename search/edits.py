@@ -96,6 +96,9 @@ def _closest(text: str, search: str) -> str:
     if not first:
         return ""
     lines = [ln.strip() for ln in text.splitlines()]
+    pre = [ln for ln in lines if ln.startswith(first) and ln != first]
+    if pre:  # a prefix of a line: SEARCH blocks match whole lines (comments included)
+        return f" (SEARCH matches whole lines; this line starts with its first line: {pre[0]!r})"
     m = difflib.get_close_matches(first, lines, n=1, cutoff=0.6)
     return f" (closest line to its first line: {m[0]!r})" if m else ""
 
@@ -114,6 +117,62 @@ def diff_files(old: dict[str, str], new: dict[str, str]) -> str:
 
 def changed_files(old: dict[str, str], new: dict[str, str]) -> list[str]:
     return sorted(r for r in set(old) | set(new) if old.get(r) != new.get(r))
+
+
+def _hunks(base: list[str], new: list[str]) -> list[tuple[int, int, list[str]]]:
+    sm = difflib.SequenceMatcher(None, base, new, autojunk=False)
+    return [(i1, i2, new[j1:j2]) for tag, i1, i2, j1, j2 in sm.get_opcodes() if tag != "equal"]
+
+
+def merge_text(base: str, a: str, b: str) -> str | None:
+    """Line-level three-way merge; None when the two sides change the same or adjacent base lines
+    differently (a conflict is never guessed)."""
+    bl, al, yl = base.splitlines(keepends=True), a.splitlines(keepends=True), b.splitlines(keepends=True)
+    ha, hb = _hunks(bl, al), _hunks(bl, yl)
+    for i1, i2, r1 in ha:
+        for j1, j2, r2 in hb:
+            if (i1, i2, r1) == (j1, j2, r2):
+                continue
+            if i1 < i2 and j1 < j2:
+                clash = i1 < j2 and j1 < i2          # two replaced ranges share a base line
+            elif i1 == i2 and j1 == j2:
+                clash = i1 == j1                     # two insertions at one point: order unknown
+            else:
+                p, (lo, hi) = (i1, (j1, j2)) if i1 == i2 else (j1, (i1, i2))
+                clash = lo <= p <= hi                # an insertion inside or at the edge of a replaced range
+            if clash:
+                return None
+    hunks = sorted(set((i1, i2, tuple(r)) for i1, i2, r in ha + hb))
+    out, pos = [], 0
+    for i1, i2, r in hunks:
+        out.extend(bl[pos:i1])
+        out.extend(r)
+        pos = i2
+    out.extend(bl[pos:])
+    return "".join(out)
+
+
+def merge_files(base: dict[str, str], a: dict[str, str], b: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Three-way merge of two descendants ``a`` and ``b`` of ``base``: per file, one-sided changes are
+    taken, two-sided ones merged line by line (:func:`merge_text`); the files whose changes overlap
+    are returned as conflicts."""
+    out, conflicts = {}, []
+    for rel in sorted(set(base) | set(a) | set(b)):
+        o, x, y = base.get(rel), a.get(rel), b.get(rel)
+        if x == y:
+            v = x
+        elif x == o:
+            v = y
+        elif y == o:
+            v = x
+        elif o is not None and x is not None and y is not None and merge_text(o, x, y) is not None:
+            v = merge_text(o, x, y)
+        else:
+            conflicts.append(rel)
+            v = x
+        if v is not None:
+            out[rel] = v
+    return out, conflicts
 
 
 def edits_from_dirs(parent_files: dict[str, str], new_files: dict[str, str]) -> list[dict[str, Any]]:

@@ -225,7 +225,8 @@ class Evaluator:
             isolation["integrity"] = {"changed": changed, "restored": not left}
             r = result("infra_error", _read(out_path).get("stage", "start"),
                        f"integrity: the evaluation changed {len(changed)} protected path(s) "
-                       f"({', '.join(changed[:8])}); restored from the copy taken before the audit"
+                       f"({', '.join(changed[:8])}); the run directory was restored from the copy taken before "
+                       "the audit (a changed evaluator source refuses further audits until it matches again)"
                        + ("" if not left else f", but {left[:4]} could not be restored"), _read(out_path))
             r["latencies_us"] = {}
             r["timing"] = {}

@@ -194,7 +194,7 @@ class LineageDecision:
 class Revocation:
     """A verdict found wrong later (a user's ``tik search revoke``, a failed re-audit or held-out check):
     the implementation (and, unless ``keep_descendants``, every offspring built from it) leaves the
-    verified set, best and frontier / archive; the best is recomputed from the remaining records."""
+    verified set, best and frontier / archive; the best becomes the latest promotion that still stands."""
 
     id: str
     after_step: int                            # takes effect after this step's decision (replay order)

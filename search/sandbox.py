@@ -20,9 +20,10 @@ Layers, from the cheapest to the last line:
    recorded when it is not possible), killed as a whole group at the end of every audit, and every
    process still carrying the audit's token, session or group hunted down (:func:`kill_audit`).
 3. :class:`Snapshot`: the run directory (records, spec, every implementation folder), the evaluator
-   sources and the spec file are hashed before and re-hashed after every audit; a changed, added or
-   removed byte is restored from the copy taken before and the audit becomes ``infra_error`` with
-   the paths named.
+   sources and the spec file are hashed before and re-hashed after every audit; any changed, added or
+   removed byte makes the audit an ``infra_error`` naming the paths. The run directory is restored
+   from the copy taken before (the run continues from intact state); a changed evaluator source or
+   spec file is not written back but refuses every further audit (its hash is bound to the run).
 """
 
 from __future__ import annotations
@@ -488,8 +489,13 @@ class Snapshot:
         return out
 
     def restore(self) -> None:
-        """Put back every byte as it was (added files removed)."""
+        """Put back every byte of the run directory as it was (added files removed). The extra files
+        (evaluator sources, spec source) are reported but not written back: they live in a source tree
+        someone may be editing, and a changed evaluator already stops the run (its hash is bound, the
+        next audit raises ``BindingError`` until the sources match again)."""
         for ch in self.changes():
+            if (ch[1:] if ch[0] in "+-" else ch) in self.extra:
+                continue
             if ch.startswith("+"):
                 p = ch[1:]
                 try:

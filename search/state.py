@@ -90,12 +90,17 @@ def ab_verdict(spec: dict, ab: dict | None) -> dict[str, Any] | None:
     measured interleaved in one process (``timing.ab.objective_ratios``).
 
     gain = 1 - median(ratios); noise = 1.4826 * median(|ratio - median|) (the robust spread of the
-    rounds); the candidate is faster only if gain > max(improve_eps, noise_k * noise). An unchanged
-    kernel has median ~ 1, so CPU noise alone cannot promote it; a gain smaller than the spread of its
-    own rounds is not evidence either. None when the audit carries no A/B measurement."""
+    rounds). The candidate is faster only if (a) it won enough rounds (ratio < 1) for a one-sided sign
+    test at level ``search.ab_alpha`` (default 0.01): an unchanged kernel wins each round with
+    probability 1/2, so e.g. 7 of 7 or 10 of 11 wins happen by chance with probability < 1 % (one
+    round hit by a stall of the shared machine is tolerated from 10 rounds on), and (b) gain >
+    max(improve_eps, noise_k * noise): a gain inside the spread of its own rounds is not evidence.
+    With too few rounds for the level nothing is ever promoted, and the verdict says so. None when the
+    audit has no A/B measurement."""
     ratios = (ab or {}).get("objective_ratios")
     if not ratios:
         return None
+    import math
     import statistics
 
     med = float(statistics.median(ratios))
@@ -103,10 +108,19 @@ def ab_verdict(spec: dict, ab: dict | None) -> dict[str, Any] | None:
     se = spec.get("search", {})
     eps = float(se.get("improve_eps", 0.02))
     k = float(se.get("noise_k", 3.0))
+    alpha = float(se.get("ab_alpha", 0.01))
+    n = len(ratios)
+    need_wins = next((m for m in range(1, n + 1)
+                      if sum(math.comb(n, j) for j in range(m, n + 1)) / 2 ** n <= alpha), None)
+    wins = sum(1 for r in ratios if r < 1.0)
     needed = max(eps, k * noise)
     gain = 1.0 - med
-    return {"ratio_median": med, "noise": noise, "gain": gain, "needed": needed, "improve_eps": eps,
-            "noise_k": k, "faster": gain > needed, "rounds": len(ratios)}
+    out = {"ratio_median": med, "ratio_worst": float(max(ratios)), "noise": noise, "gain": gain, "needed": needed,
+           "improve_eps": eps, "noise_k": k, "wins": wins, "needed_wins": need_wins, "ab_alpha": alpha,
+           "faster": need_wins is not None and wins >= need_wins and gain > needed, "rounds": n}
+    if need_wins is None:
+        out["why"] = f"{n} rounds cannot reach the sign-test level {alpha}: raise evaluation.timing.ab_rounds"
+    return out
 
 
 def is_promotion(spec: dict, audit_fields: dict, best_objective: float | None, ab: dict | None = None,
@@ -126,6 +140,14 @@ def is_promotion(spec: dict, audit_fields: dict, best_objective: float | None, a
         v = ab_verdict(spec, ab)
         return bool(v and v["faster"] and ab.get("incumbent") == best)
     return best_objective is None or T < best_objective
+
+
+def share(spec: dict, latencies: dict[str, float]) -> dict[str, float]:
+    """Each workload's share of T = sum_w c_w lat_w (where the time goes; SKILL.md's ``share``)."""
+    T = S.objective(spec, latencies)
+    if not T:
+        return {}
+    return {w["name"]: round(float(w["weight"]) * float(latencies[w["name"]]) / T, 4) for w in spec["workloads"]}
 
 
 def score(spec: dict, status: str, latencies: dict[str, float], ab: dict | None = None) -> dict[str, Any]:
@@ -326,6 +348,11 @@ class Run:
             "time_budget_s": o.get("time_budget_s") or se.get("time_budget_s"),
         }
 
+    def limit_sources(self) -> dict[str, str]:
+        o = self.options()
+        return {k: ("run option" if o.get(k) else "spec search." + k) for k in ("max_steps", "time_budget_s")} | {
+            "kappa_max": "spec search.kappa_max (immutable within a run)"}
+
     def stop_reason(self, st: State | None = None) -> str | None:
         st = st or self.state()
         lim = self.limits()
@@ -335,10 +362,13 @@ class Run:
             return "no pending opportunity"
         if st.kappa >= lim["kappa_max"]:
             return f"kappa reached kappa_max={lim['kappa_max']}"
+        src = self.limit_sources()
         if lim["max_steps"] is not None and st.t >= lim["max_steps"]:
-            return f"step budget reached ({lim['max_steps']})"
+            return (f"step budget reached ({lim['max_steps']} steps, from {src['max_steps']}); raise it with "
+                    f"`tik search limits {self.root} --max-steps N`")
         if lim["time_budget_s"] is not None and st.time_used_s >= lim["time_budget_s"]:
-            return f"time budget reached ({st.time_used_s:.0f} s >= {lim['time_budget_s']} s)"
+            return (f"time budget reached ({st.time_used_s:.0f} s >= {lim['time_budget_s']} s, from "
+                    f"{src['time_budget_s']}); raise it with `tik search limits {self.root} --time-budget-s S`")
         return None
 
     def phase(self) -> str:
@@ -398,6 +428,7 @@ class Run:
             raise RootInvalid(
                 f"root I0000 is not verified / fully measured (status {res['status']}, stage {res['stage']}): "
                 f"{(res.get('error') or '')[:600]} -- see {self.path('work', 'root_audit_failed.json')}")
+        res["timing"]["share"] = share(self.spec, res["latencies_us"])
         spec = S.with_baseline(self.spec, res["latencies_us"], audit_id="E0000", env=res["env"], measured_at=now())
         ir.atomic_write_json(self.path("spec.json"), spec)
         self.spec = spec
@@ -424,8 +455,13 @@ class Run:
                       scope: str = "", affected_regions: list[str] | None = None, expected_effect: str = "",
                       numerical_risks: str = "", falsifier: str = "", created_by: str = "agent",
                       knob_moves: dict[str, Any] | None = None, llm: dict[str, Any] | None = None,
-                      apply_error: str | None = None, wall_s: float = 0.0) -> ir.Action:
-        """ACTION: record the modification, then build the offspring (a complete new folder)."""
+                      apply_error: str | None = None, wall_s: float = 0.0, merge: bool = True) -> ir.Action:
+        """ACTION: record the modification, then build the offspring (a complete new folder).
+
+        With several parents and ``merge`` (MERGE), the offspring is built from a file-level three-way
+        merge of every parent over their nearest common ancestor, then ``edits``; a file changed
+        differently by two parents is refused with the files named (give the merged tree instead:
+        ``merge=False`` with whole-file edits, the command line's ``--from-dir``)."""
         st = self.state()
         if st.phase != "action":
             raise RunError(f"cannot record an action now: the run expects '{self.phase()}'")
@@ -450,6 +486,10 @@ class Run:
         step = self.next_step()
         aid, iid = ir.make_id("action", step), ir.make_id("implementation", step)
         diff = ""
+        merged_from = None
+        if apply_error is None and len(parents) > 1 and merge:
+            edits, merged_from = self._merge_edits(parents, edits)
+            scope = f"merge of {', '.join(parents)} ({merged_from})" + (f"; {scope}" if scope else "")
         if apply_error is None:
             parent_files = self.files_of(parents[0])
             try:
@@ -471,6 +511,36 @@ class Run:
         self._materialize(action)
         self.invalidate()
         return action
+
+    def _ancestors(self, iid: str) -> list[str]:
+        st = self.state()
+        seen, todo, order = set(), [iid], []
+        while todo:
+            x = todo.pop(0)
+            if x in seen:
+                continue
+            seen.add(x)
+            order.append(x)
+            todo.extend(st.graph.get(x, []))
+        return order
+
+    def _merge_edits(self, parents: list[str], edits: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+        """Whole-file edits that turn parents[0] into the merge of all parents, followed by ``edits``."""
+        files = self.files_of(parents[0])
+        bases = []
+        for other in parents[1:]:
+            anc0 = self._ancestors(parents[0])
+            anco = set(self._ancestors(other))
+            base = next((x for x in anc0 if x in anco), "I0000")
+            merged, conflicts = E.merge_files(self.files_of(base), files, self.files_of(other))
+            if conflicts:
+                raise RunError(f"MERGE {parents[0]} + {other}: both changed {conflicts} differently since their common "
+                               f"ancestor {base}; merge those files yourself and record the merged tree with "
+                               f"--from-dir (checkout {parents[0]}, apply {other}'s changes)")
+            files = merged
+            bases.append(f"{other} over {base}")
+        pre = E.edits_from_dirs(self.files_of(parents[0]), files)
+        return pre + list(edits), "; ".join(bases)
 
     def _materialize(self, action: ir.Action) -> ir.Implementation:
         iid = action.offspring
@@ -536,6 +606,8 @@ class Run:
         promoted = is_promotion(self.spec, sc, st.best_objective_us, ab, st.best)
         if isinstance(ab, dict):
             ab["verdict"] = ab_verdict(self.spec, ab)
+        if sc["objective_us"]:
+            res["timing"]["share"] = share(self.spec, res["latencies_us"])
         audit = ir.Audit(
             id=ir.make_id("audit", step), step=step, implementation=iid, status=res["status"], stage=res["stage"],
             verified=sc["verified"], fully_measured=sc["fully_measured"], admissible=sc["admissible"],
@@ -564,8 +636,11 @@ class Run:
 
     def decide(self, *, decision: str, interpretation: str, rationale: str,
                new_opportunities: list[dict[str, Any]] | None = None, close: list[str] | None = None,
-               abandon: list[str] | None = None, created_by: str = "agent") -> ir.LineageDecision:
-        """LINEAGE MANAGEMENT: branch decision + follow-up opportunities for the last audit."""
+               abandon: list[str] | None = None, created_by: str = "agent", end: bool = True) -> ir.LineageDecision:
+        """LINEAGE MANAGEMENT: branch decision + follow-up opportunities for the last audit.
+
+        ``end=False`` (the agent command line): a decision that would leave no pending opportunity,
+        which ends the search, is refused instead of ending it silently."""
         st = self.state()
         if st.phase != "decide":
             raise RunError(f"no audit awaits a decision: the run expects '{self.phase()}'")
@@ -586,6 +661,7 @@ class Run:
             o.setdefault("priority", 0.0)
             o["id"] = ir.make_id("opportunity", n0 + i)
             o["step"] = step
+            _check_names(self.spec, o, i)
             recs.append(ir.validate("opportunity", o))
         d = ir.LineageDecision(
             id=ir.make_id("decision", step), step=step, audit=audit.id, implementation=audit.implementation,
@@ -598,9 +674,13 @@ class Run:
         trial.decisions = {**self.decisions, d.id: d}
         trial._state = None
         try:
-            replay(trial)
+            tst = replay(trial)
         except CorruptRun as e:
             raise RunError(f"decision rejected: {e}") from None
+        if not end and not tst.pending:
+            raise RunError(
+                f"{decision} leaves no pending opportunity, which ends the search (best {tst.best}); give follow-up "
+                "opportunities (--opportunities FILE) or say --end to end the run on purpose")
         for r in recs:
             ir.write_record(self.root, r)
             self.opps[r.id] = r
@@ -612,7 +692,7 @@ class Run:
     def revoke(self, iid: str, *, reason: str, source: str = "user", evidence: dict[str, Any] | None = None,
                keep_descendants: bool = False, created_by: str = "user") -> ir.Revocation:
         """Withdraw a verdict: ``iid`` (and its offspring unless ``keep_descendants``) leaves the verified
-        set, best and frontier / archive; the best is recomputed from the remaining admissible audits."""
+        set, best and frontier / archive; the best becomes the latest promotion that still stands."""
         st = self.state()
         if not reason or not reason.strip():
             raise RunError("a revocation needs a reason (--reason)")
@@ -676,6 +756,19 @@ class Run:
         self.meta["options"] = o
         self._write_meta()
         self.invalidate()
+
+
+def _check_names(spec: dict, o: dict, i: int) -> None:
+    """Entry points and target workloads of an opportunity must be the spec's (a typo would silently
+    target nothing)."""
+    eps = set(spec["entry_points"])
+    wls = [w["name"] for w in spec["workloads"]]
+    bad_e = [e for e in o.get("entry_points") or [] if e not in eps]
+    bad_w = [w for w in o.get("target_workloads") or [] if w not in wls]
+    if bad_e or bad_w:
+        raise RunError(f"opportunity {i + 1} ({o.get('mechanism', '')[:60]!r}): "
+                       + (f"unknown entry points {bad_e}, expected some of {sorted(eps)}; " if bad_e else "")
+                       + (f"unknown workloads {bad_w}, expected some of {wls}" if bad_w else ""))
 
 
 def _copytree(src: str, dst: str) -> None:
@@ -857,10 +950,12 @@ def _apply_revocations(run: Run, st: State, step: int) -> None:
             st.retained.discard(i)
             st.revoked[i] = r.id
         if st.best in st.revoked:
-            # best again from the remaining admissible audits (lowest recorded objective)
-            cands = [a for a in run.audits.values() if a.step <= step and a.admissible and a.objective_us is not None
+            # best again from the remaining records: the latest promotion that still stands. Each was
+            # measured A/B against the best before it; objectives of audits from different rounds are
+            # not compared (that would let timing noise pick the best).
+            cands = [a for a in run.audits.values() if a.step <= step and a.promoted and a.admissible
                      and a.implementation in st.verified and a.implementation not in st.revoked]
-            a = min(cands, key=lambda a: (a.objective_us, ir.id_number(a.id)))
+            a = max(cands, key=lambda a: a.step)
             st.best, st.best_objective_us = a.implementation, a.objective_us
         st.pending = [o for o in st.pending if any(i in st.retained for i in run.opps[o].applies_to)]
         st.history.append({"step": step, "implementation": r.implementation, "status": "revoked", "objective_us": None,

@@ -158,6 +158,28 @@ def profile_dispatch(ctx, fn) -> dict[str, Any]:
     return classify_kernels(gpu_kernel_names(prof.events()), _own_kernel_names(ctx.impl))
 
 
+PTX_OPS = ("ex2", "lg2", "rcp", "sqrt", "rsqrt", "div", "fma", "mma", "wgmma", "cvt", "ld.global", "st.global",
+           "ld.shared", "st.shared", "bar.sync", "atom")
+
+
+def ptx_counts(ptx: str) -> dict[str, int]:
+    """Generated-instruction evidence: how many PTX instructions of each family a kernel has (by opcode
+    prefix, e.g. ``ex2.approx.ftz.f32`` counts as ``ex2``)."""
+    out = {k: 0 for k in PTX_OPS}
+    for line in ptx.splitlines():
+        t = line.strip()
+        if not t or t.startswith(("//", ".", "{", "}", "$")):
+            continue
+        if t.startswith("@"):  # predicated: "@%p1 ld.global..."
+            t = t.split(None, 1)[1] if " " in t else ""
+        op = t.split(None, 1)[0].rstrip(";") if t else ""
+        for k in PTX_OPS:
+            if op == k or op.startswith(k + "."):
+                out[k] += 1
+                break
+    return {k: v for k, v in out.items() if v}
+
+
 def compile_evidence(impl) -> list[dict[str, Any]]:
     """Registers / spills / shared memory of every compiled Triton kernel of the candidate (GPU)."""
     out = []
@@ -183,6 +205,7 @@ def compile_evidence(impl) -> list[dict[str, Any]]:
                         "shared": getattr(md, "shared", None),
                         "num_warps": getattr(md, "num_warps", None),
                         "num_stages": getattr(md, "num_stages", None),
+                        "ptx_counts": ptx_counts((getattr(k, "asm", None) or {}).get("ptx") or ""),
                     })
     return out
 
@@ -203,9 +226,27 @@ def _sentinels() -> dict[str, Any]:
     return out
 
 
+def _torch_state() -> dict[str, Any]:
+    """Process-wide torch settings that would change what is measured for every arm (threads, default
+    dtype, determinism, TF32); a candidate that sets them at import or during a call is refused."""
+    import torch
+
+    out = {"num_threads": torch.get_num_threads(), "default_dtype": str(torch.get_default_dtype()),
+           "deterministic": torch.are_deterministic_algorithms_enabled(),
+           "matmul_precision": torch.get_float32_matmul_precision()}
+    if torch.cuda.is_available():
+        out["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+        out["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
+    return out
+
+
 def _tampered(before: dict[str, Any]) -> list[str]:
     now = _sentinels()
-    return [k for k, v in before.items() if now.get(k) is not v]
+    bad = [k for k, v in before.items() if k != "_torch_state" and now.get(k) is not v]
+    if "_torch_state" in before:
+        st = _torch_state()
+        bad += [f"torch state {k}: {v!r} -> {st.get(k)!r}" for k, v in before["_torch_state"].items() if st.get(k) != v]
+    return bad
 
 
 def _measure_fixed(res, spec, runner, ctx, rec, device, write, fail):
@@ -410,6 +451,7 @@ def run(impl_path: str, spec_path: str, out_path: str, *, incumbent: str | None 
     mf = spec["evaluation"].get("measure_failed", False)
 
     sentinels = _sentinels()
+    sentinels["_torch_state"] = _torch_state()
 
     # ---- compile ---------------------------------------------------------------------------------
     stage("compile")

@@ -225,7 +225,8 @@ class KnobsDriver:
             numerical_risks=risks,
             falsifier=f"no targeted workload faster than {parents[0]} by more than "
                       f"{100 * float(run.spec['search'].get('improve_eps', 0.02)):.0f}%, or any bitwise check fails",
-            created_by=self.name, knob_moves=moves, wall_s=time.time() - t0)
+            created_by=self.name, knob_moves=moves, wall_s=time.time() - t0,
+            merge=False)  # the knob moves already carry every parent's values (the merge itself)
 
     def decide(self, run) -> ir.LineageDecision:
         st = run.state()

@@ -270,6 +270,12 @@ def test_honest_free_knob_is_promoted_then_revoked(h):
     assert c.promoted and c.timing["ab"]["incumbent"] == "I0000", c.timing.get("ab")
 
 
+def test_process_wide_torch_settings_are_refused(h):
+    a = h.attempt("threads", _append("torch.set_num_threads(2)\n"))
+    assert a.status == "contract_violation" and "num_threads" in a.error, (a.status, a.error)
+    _never_promoted(h, a)
+
+
 def test_no_attack_was_ever_best(h):
     hacks = {k: a.implementation for k, a in h.audits.items() if not k.startswith(("honest", "unchanged"))}
     bests = {x["best"] for x in h.run.state().history}

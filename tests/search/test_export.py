@@ -109,8 +109,10 @@ def test_export_refuses_revoked(toy_run):
     assert "I0002" in run.state().revoked
     with pytest.raises(ExportError, match="revoked"):
         export(run, name="toy_revoked", iid="I0002", dest=os.path.join(tmp, "kernels"))
-    # a revocation needs a reason and a verified target
+    # a revocation needs a reason and a verified target; the report and status show it
     assert main(["search", "revoke", rdir, "--id", "I0000", "--reason", "x"]) == 2
+    assert main(["search", "status", rdir]) == 0
+    assert main(["search", "report", rdir]) == 0
 
 
 def test_export_verify_on_real_kernels(tmp_path, private_tik_v1, monkeypatch):

@@ -141,8 +141,12 @@ def test_agent_protocol(tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["status"] == "contract_violation" and not res["promoted"] and res["kappa"] == 1
     assert main(["search", "decide", d, "--decision", "ARCHIVE", "--interpretation", "bits", "--rationale", "r"]) == 2
+    # abandoning the last pending item ends the search: refused unless said on purpose
     assert main(["search", "decide", d, "--decision", "ABANDON", "--interpretation", "bits broken",
-                 "--rationale", "rescaling changed on one path only"]) == 0
+                 "--rationale", "rescaling changed on one path only"]) == 2
+    assert "leaves no pending opportunity" in capsys.readouterr().err
+    assert main(["search", "decide", d, "--decision", "ABANDON", "--interpretation", "bits broken",
+                 "--rationale", "rescaling changed on one path only", "--end"]) == 0
     capsys.readouterr()
     assert main(["search", "status", d, "--json"]) == 0
     st = json.loads(capsys.readouterr().out)
