@@ -47,11 +47,7 @@ from typing import Any
 
 import torch
 
-from areal_tik_plugin.ops.attention import _attention_varlen_fast
-from areal_tik_plugin.ops.linear import _linear_fast
-from areal_tik_plugin.ops.norm import _rms_norm_fast
-from areal_tik_plugin.ops.rope import _apply_rope_fast
-from areal_tik_plugin.ops.swiglu import _swiglu_fused_fast
+from areal_tik_plugin.ops import apply_rope, attention_varlen, linear, rms_norm, swiglu_fused
 
 FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "llama")
 
@@ -193,7 +189,7 @@ class TikRMSNorm(torch.nn.Module):
         setattr(self.weight, "sequence_parallel", False)
 
     def forward(self, x):
-        return _rms_norm_fast(x, _as(self.weight, x.dtype), self.eps)
+        return rms_norm(x, _as(self.weight, x.dtype), self.eps)
 
 
 class TikLinear(torch.nn.Module):
@@ -208,7 +204,7 @@ class TikLinear(torch.nn.Module):
         self.bias = _param(config, output_size, value=0.0) if bias else None
 
     def forward(self, x):
-        y = _linear_fast(_rows(x), _as(self.weight, x.dtype), _as(self.bias, x.dtype))
+        y = linear(_rows(x), _as(self.weight, x.dtype), _as(self.bias, x.dtype))
         return y.view(*x.shape[:-1], y.shape[-1]), None
 
 
@@ -226,8 +222,8 @@ class TikNormLinear(torch.nn.Module):
         self.bias = _param(config, output_size, value=0.0, tp_dim=0) if bias else None
 
     def forward(self, x):
-        h = _rms_norm_fast(_rows(x), _as(self.layer_norm_weight, x.dtype), self.eps)
-        y = _linear_fast(h, _as(self.weight, x.dtype), _as(self.bias, x.dtype))
+        h = rms_norm(_rows(x), _as(self.layer_norm_weight, x.dtype), self.eps)
+        y = linear(h, _as(self.weight, x.dtype), _as(self.bias, x.dtype))
         return y.view(*x.shape[:-1], y.shape[-1]), None
 
 
@@ -297,13 +293,13 @@ class TikCoreAttention(torch.nn.Module):
                              "through packed_seq_params)")
         if packed_seq_params is not None:
             _, cu, mx = _positions(query.shape[0], 1, packed_seq_params, query.device)
-            o = _attention_varlen_fast(query.contiguous(), key.contiguous(), value.contiguous(), cu, mx,
+            o = attention_varlen(query.contiguous(), key.contiguous(), value.contiguous(), cu, mx,
                                        self.softmax_scale)
             return o.reshape(o.shape[0], -1)
         s, b = query.shape[:2]
         bm = lambda t: t.transpose(0, 1).reshape(b * s, *t.shape[2:]).contiguous()  # noqa: E731
         cu = torch.arange(b + 1, dtype=torch.int32, device=query.device) * s
-        o = _attention_varlen_fast(bm(query), bm(key), bm(value), cu, s, self.softmax_scale)
+        o = attention_varlen(bm(query), bm(key), bm(value), cu, s, self.softmax_scale)
         return o.view(b, s, -1).transpose(0, 1)
 
 
@@ -347,7 +343,7 @@ def _attention_class():
                 k = self.k_layernorm(k)
             pos, cu, mx = _positions(s, b, packed_seq_params, x.device)
             inv, scaling = rope.get(x.device)
-            q, k = _apply_rope_fast(q.contiguous(), k, pos, inv, scaling)
+            q, k = apply_rope(q.contiguous(), k, pos, inv, scaling)
             if packed_seq_params is not None:
                 o = self.core_attention(q, k, v, None, attn_mask_type=self.attn_mask_type,
                                         packed_seq_params=packed_seq_params)
@@ -376,7 +372,7 @@ class TikMLP(torch.nn.Module):
 
     def forward(self, hidden_states, *args, **_ignored):
         gu, _ = self.linear_fc1(hidden_states)
-        h = _swiglu_fused_fast(_rows(gu))
+        h = swiglu_fused(_rows(gu))
         return self.linear_fc2(h.view(*gu.shape[:-1], h.shape[-1]))
 
 
@@ -586,7 +582,7 @@ def hf_rope(hf_config) -> _Rope:
 
 def _output_forward(self, input_, weight=None, runtime_gather_output=None):
     w = self.weight if weight is None else weight
-    y = _linear_fast(_rows(input_), _as(w, input_.dtype), None)
+    y = linear(_rows(input_), _as(w, input_.dtype), None)
     return y.view(*input_.shape[:-1], y.shape[-1]), None
 
 
