@@ -217,3 +217,30 @@ def test_megatron_training_schedule_runs_the_spec(models):
     finally:
         mg.zero_grad(set_to_none=True)
         mg.eval()
+
+
+def test_core_attention_refuses_what_it_cannot_keep():
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from areal_tik_plugin.integrations.megatron import convert as C
+    from areal_tik_plugin.integrations.megatron.spec import TikCoreAttention
+
+    _mg.setup()
+    cfg = C.mcore_config(_mg.pair_config("tiny-qwen3"))
+    with pytest.raises(ValueError, match="attn_mask_type"):
+        TikCoreAttention(config=cfg, layer_number=1, attn_mask_type=AttnMaskType.no_mask)
+    ca = TikCoreAttention(config=cfg, layer_number=1, attn_mask_type=AttnMaskType.causal)
+    q = torch.randn(7, 4, 16).to(torch.bfloat16)
+    kv = torch.randn(7, 2, 16).to(torch.bfloat16)
+    cu, padded = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 4, 7], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q_padded"):
+        ca(q, kv, kv, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                                               cu_seqlens_q_padded=padded, max_seqlen_q=4))
+    with pytest.raises(ValueError, match="attention_mask"):
+        ca(q, kv, kv, torch.ones(1, 1, 7, 7, dtype=torch.bool))
+    with pytest.raises(ValueError, match="from 0 to 7"):
+        bad = torch.tensor([0, 3, 6], dtype=torch.int32)
+        ca(q, kv, kv, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=bad, cu_seqlens_kv=bad))
+    ok = ca(q, kv, kv, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu))
+    assert ok.shape == (7, 64)
