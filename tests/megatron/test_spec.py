@@ -244,3 +244,36 @@ def test_core_attention_refuses_what_it_cannot_keep():
         ca(q, kv, kv, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=bad, cu_seqlens_kv=bad))
     ok = ca(q, kv, kv, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu))
     assert ok.shape == (7, 64)
+
+
+def test_full_activation_recompute_same_gradients(models, monkeypatch):
+    """AReaL's default ``recompute_granularity=full`` (uniform, 1 layer): the layers' forward runs
+    again inside backward; same gradient bits. CPU shim: megatron-core's CheckpointFunction saves
+    and restores the CUDA RNG state (irrelevant here: no dropout), mapped to the CPU generator."""
+    from megatron.core.tensor_parallel import random as R
+
+    from areal_tik_plugin.integrations.megatron import convert as C
+    from areal_tik_plugin.integrations.megatron.verify import megatron_packed_logits
+
+    monkeypatch.setattr(R, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
+    monkeypatch.setattr(R, "_set_cuda_rng_state", lambda *a, **k: None)
+    hf, mg = models
+    xs = seqs(hf.config.vocab_size, [5, 8], 12)
+    ids = torch.cat(xs)
+
+    def grads(m):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        lg = torch.cat(megatron_packed_logits(m, xs, "cpu"))
+        (-torch.log_softmax(lg.float(), -1).gather(1, torch.roll(ids, -1)[:, None]).sum()).backward()
+        out = {k: p.grad.clone() for k, p in m.named_parameters()}
+        m.zero_grad(set_to_none=True)
+        m.eval()
+        return out
+
+    cfg = C.mcore_config(hf.config, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    rec = C.build_model(hf.config, cfg)
+    C.load_hf_into(rec, hf, hf.config)
+    want, got = grads(mg), grads(rec)
+    for k in want:
+        assert bits_equal(got[k], want[k]), k
