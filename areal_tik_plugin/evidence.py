@@ -507,12 +507,71 @@ def render_markdown(impl=None, root: str | None = None, source_hash: str | None 
     if m["awaiting"]:
         out.append(f"Awaiting the GPU run for this hash: {', '.join(m['awaiting'])}.")
         out.append("")
+    whole = integration_rows(impl, root, source_hash)
+    if whole:
+        out += ["| whole model / engine | workload | result | baseline | ratio | command | evidence |",
+                "|---|---|---|---|---|---|---|"]
+        for r in whole:
+            out.append(f"| {r['what']} | {r['workload']} | {r['result']} | {r['baseline']} | {r['ratio']} "
+                       f"| `{r['command']}` | {r['file']} |")
+        out.append("")
     for f in files:
         out.append(f"[{ref[f]}]: {f}")
     if files:
         out.append("")
     out.append(MEASURED_END)
     return "\n".join(out) + "\n"
+
+
+def integration_rows(impl=None, root: str | None = None, source_hash: str | None = None) -> list[dict[str, Any]]:
+    """Whole-model and engine results of the current hash for the Measured block: ``tik verify``, the
+    SGLang Engine proof, the layer bench (each as its producing command wrote it)."""
+    from areal_tik_plugin.runtime import loader
+
+    if impl is None:
+        impl = loader.load_implementation(loader.resolve_path(loader.selected_name("sm_90")))
+    h = source_hash or impl.source_hash
+    if h != impl.source_hash:
+        return []
+    s_models, integ = model_summary(impl, root), integration_summary(impl, root)
+    out = []
+    verified = [v for v in s_models if v["matches_hash"] and v["device"] == "cuda"]
+    shapes = sorted({(v["batch"], v["prompt_len"], v["response_len_min"], v["response_len"]) for v in verified})
+    for b, pl, r0, r1 in shapes:
+        vs = [v for v in verified if (v["batch"], v["prompt_len"], v["response_len_min"], v["response_len"]) ==
+              (b, pl, r0, r1)]
+        ok = all(v["plugin_bit_identical"] for v in vs)
+        out.append({"what": "tik verify " + ", ".join(v["model"] for v in vs),
+                    "file": ", ".join(v["file"] for v in vs),
+                    "workload": f"batch {b}, prompt {pl}, responses {r0}..{r1}",
+                    "result": "bit-identical" if ok else "NOT bit-identical", "baseline": "—", "ratio": "—",
+                    "command": f"tik verify --batch {b} --prompt-len {pl} --response-len {r0}..{r1}"})
+    for r in integ.get("sglang_gpu", []):
+        if not r.get("matches_hash"):
+            continue
+        tps = (r.get("backends", {}).get("tik") or {}).get("greedy_tokens_per_s")
+        others = {k: v for k, v in (r.get("backends") or {}).items() if k != "tik"}
+        base = ", ".join(f"`{k}`: " + ("not run" if v.get("error") or not v.get("greedy_tokens_per_s")
+                                       else f"{v['greedy_tokens_per_s']:.0f} tok/s")
+                         for k, v in others.items()) or "—"
+        out.append({"what": "SGLang Engine, backend `tik`", "file": r["file"],
+                    "workload": f"{r.get('model')}, batch {r.get('batch')}, {r.get('new_tokens')} new tokens"
+                                + (", CUDA graphs" if r.get("cuda_graphs") else ""),
+                    "result": f"{r.get('requests')} requests "
+                              + ("bit-identical to the training forward" if r.get("bit_identical") else "DIFFER")
+                              + (f"; {tps:.0f} tok/s greedy decode" if tps else ""),
+                    "baseline": base, "ratio": "—", "command": "python -m benchmarks.sglang_gpu_proof"})
+    for r in integ.get("layer_bench", []):
+        if not r.get("matches_hash"):
+            continue
+        per = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("per_model_geomean") or {}).items())
+        out.append({"what": "layer bench (rollout + update per layer)", "file": r["file"],
+                    "workload": f"{r['n']} (model, batch, length) cells" + (f": {per}" if per else ""),
+                    "result": "unified kernels, no recompute",
+                    "baseline": "FlashInfer fused ops + cuBLAS rollout, HF + Liger update, recompute on",
+                    "ratio": f"{r['geomean_ratio']:.2f} (min {r['min_ratio']:.2f})",
+                    "command": "python -m benchmarks.layer_bench"})
+    return out
 
 
 def readme_table(text: str) -> str | None:
