@@ -891,3 +891,58 @@ def integration_markdown() -> str:
     for fn, what, _, expect in INTEGRATION_BAD_INPUT:
         lines.append(f"| {fn} | {what} | {expect} |".replace("`^", "`"))
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# AReaL ``tik.*`` options (command-line overrides; a YAML ``tik:`` section goes through the same class)
+# ------------------------------------------------------------------------------------------------
+def _tik(*overrides):
+    from areal_tik_plugin.integrations.areal.config import TikConfig
+
+    return lambda: TikConfig.from_overrides(list(overrides))
+
+
+CONFIG_BAD_INPUT = [
+    ("tik.enable=3", R(V_, r"^tik.enable: expected true or false")),
+    ("tik.local_host=maybe", R(V_, r"^tik.local_host: expected true or false")),
+    ("tik.seed_per_sample=2", R(V_, r"^tik.seed_per_sample: expected true or false")),
+    ("tik.monitor_every=abc", R(V_, r"^tik.monitor_every: expected an int")),
+    ("tik.monitor_every=1.5", R(V_, r"^tik.monitor_every: expected an int")),
+    ("tik.monitor_every=true", R(V_, r"^tik.monitor_every: expected an int")),
+    ("tik.monitor_every=null", R(V_, r"^tik.monitor_every: expected an int")),
+    ("tik.monitor_every=-1", R(V_, r"^tik.monitor_every >= 0")),
+    ("tik.monitor_samples=0", R(V_, r"tik.monitor_samples >= 1")),
+    ("tik.verified_rollout_tp=0", R(V_, r"^tik.verified_rollout_tp: expected tensor-parallel sizes >= 1")),
+    ("tik.verified_rollout_tp=[1,-2]", R(V_, r"^tik.verified_rollout_tp: expected tensor-parallel sizes >= 1")),
+    ("tik.verified_rollout_tp=abc", R(V_, r"^tik.verified_rollout_tp: expected an int or a list of ints")),
+    ("tik.verified_rollout_tp=[1.5]", R(V_, r"^tik.verified_rollout_tp: expected an int or a list of ints")),
+    ("tik.sglang_extra_args=5", R(V_, r"^tik.sglang_extra_args: expected a string or a list")),
+    ("tik.plant_drift_step=x", R(V_, r"^tik.plant_drift_step: expected an int")),
+    ("tik.stats_jsonl=3", R(V_, r"^tik.stats_jsonl: expected a string")),
+    ("tik.prox_mode=foo", R(V_, r"^tik.prox_mode: expected one of")),
+    ("tik.on_mismatch=ignore", R(V_, r"^tik.on_mismatch: expected one of")),
+    ("tik.sglang_device=GPU", R(V_, r"^tik.sglang_device: expected auto\|cuda\|cpu")),
+    ("tik.foo=1", R(V_, r"^unknown tik option 'tik.foo'")),
+    ("tik.enable", R(V_, r"^expected a tik.<name>=<value> override")),
+    ("tik.verified_rollout_tp=2", "works: [2]"),
+    ("tik.sglang_extra_args=--a --b", "works: ['--a', '--b']"),
+]
+
+
+@pytest.mark.parametrize("row", CONFIG_BAD_INPUT, ids=[r[0] for r in CONFIG_BAD_INPUT])
+def test_areal_config_bad_input(row):
+    override, expect = row
+    if isinstance(expect, Raises):
+        with pytest.raises(expect.exc, match=expect.match):
+            _tik(override)()
+    else:
+        cfg = _tik(override)()
+        name = override.split("=")[0][4:]
+        assert str(getattr(cfg, name)) == expect.split(": ", 1)[1]
+
+
+def config_markdown() -> str:
+    lines = ["| override | behaviour now |", "|---|---|"]
+    for ov, expect in CONFIG_BAD_INPUT:
+        lines.append(f"| `{ov}` | {expect} |".replace("`^", "`"))
+    return "\n".join(lines)
