@@ -946,3 +946,41 @@ def config_markdown() -> str:
     for ov, expect in CONFIG_BAD_INPUT:
         lines.append(f"| `{ov}` | {expect} |".replace("`^", "`"))
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# `tik verify` arguments: refused before a model is built (exit status 2, the message on stderr)
+# ------------------------------------------------------------------------------------------------
+VERIFY_BAD_INPUT = [
+    (["--batch", "0"], r"--batch: expected >= 1"),
+    (["--layers", "0"], r"--layers: expected >= 1"),
+    (["--page-size", "3"], r"--page-size: expected a power of two"),
+    (["--prompt-len", "0"], r"--prompt-len: expected 1 <= A <= B"),
+    (["--prompt-len", "9..3"], r"--prompt-len: expected 1 <= A <= B"),
+    (["--response-len", "x"], r"--response-len: expected N or A..B"),
+    (["--temperature", "0"], r"--temperature: expected a finite float > 0"),
+    (["--temperature", "nan"], r"--temperature: expected a finite float > 0"),
+    (["--temperature", "inf"], r"--temperature: expected a finite float > 0"),
+    (["--prefill-chunk", "-1"], r"--prefill-chunk: expected >= 0"),
+    (["--single", "-1"], r"--single: expected >= 0"),
+    (["--max-tokens-per-forward", "0"], r"--max-tokens-per-forward: expected >= 1"),
+    (["--device", "meta"], r"--device: expected cuda or cpu"),
+]
+
+
+@pytest.mark.parametrize("row", VERIFY_BAD_INPUT, ids=[" ".join(r[0]) for r in VERIFY_BAD_INPUT])
+def test_verify_cli_bad_input(row, capsys):
+    from areal_tik_plugin.verify import main
+
+    argv, pattern = row
+    assert main(["--model", "tiny-qwen3", "--no-stock", "--json", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "tik verify: ValueError: " in err
+    assert __import__("re").search(pattern, err), err
+
+
+def verify_markdown() -> str:
+    lines = ["| arguments | behaviour now |", "|---|---|"]
+    for argv, pattern in VERIFY_BAD_INPUT:
+        lines.append(f"| `tik verify {' '.join(argv)}` | exit 2, `tik verify: ValueError: {pattern}...` |")
+    return "\n".join(lines)
