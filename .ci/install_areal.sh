@@ -4,7 +4,7 @@
 # the project's test extra installs (SGLang 0.5.23's HTTP server needs >=5.4), so AReaL goes in with
 # --no-deps plus the light deps its trainer, FSDP engine, SGLang client, RLVR workflow and stats
 # logger import on CPU. swanlab/trackio (imported unconditionally by AReaL's stats logger) are
-# import stubs in areal_tik_plugin/integrations/areal/_cpu_stubs, put on PYTHONPATH by the tests.
+# import stubs in devenv/areal_cpu_stubs, put on PYTHONPATH by the tests.
 # Independent of the order of .ci/install_*.sh: it installs SGLang first if absent.
 set -euo pipefail
 VENV=${1:?usage: install_areal.sh VENV}

@@ -4,7 +4,7 @@
 # VENV; SGLang 0.5.23 runs with the transformers the project installs). SGLang goes in with --no-deps:
 # its pins pull CUDA torch, sgl-kernel, flashinfer. These are the light deps its CPU import, Engine and
 # HTTP server need, pinned. Import stubs (torchvision, vllm._custom_ops) ship in
-# areal_tik_plugin/integrations/_cpu_stubs and are put on PYTHONPATH by the tests / tik sglang-check.
+# devenv/cpu_stubs and are put on PYTHONPATH by the tests / tik sglang-check.
 set -euo pipefail
 VENV=${1:?usage: install_sglang.sh VENV}
 PIP="$VENV/bin/python -m pip"

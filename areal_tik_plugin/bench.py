@@ -13,13 +13,33 @@ import statistics
 from typing import Callable
 
 
+def spread(samples_us) -> dict:
+    """``{"median": .., "min": .., "max": .., "n": ..}`` of per-repetition times (us)."""
+    v = [float(x) for x in samples_us]
+    if not v:
+        raise ValueError("spread: expected at least one sample")
+    return {"median": float(statistics.median(v)), "min": min(v), "max": max(v), "n": len(v)}
+
+
 def time_cold_us(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     import triton
 
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) * 1e3
 
 
+def time_cold_spread(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> dict:
+    """:func:`spread` of do_bench's repetitions (L2 flushed before each), in us."""
+    import triton
+
+    return spread([t * 1e3 for t in triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")])
+
+
 def time_graph_us(fn: Callable[[], object], *, n_inner: int = 10, rounds: int = 15) -> float:
+    return time_graph_spread(fn, n_inner=n_inner, rounds=rounds)["median"]
+
+
+def time_graph_spread(fn: Callable[[], object], *, n_inner: int = 10, rounds: int = 15) -> dict:
+    """:func:`spread` over the replay rounds (each round's time divided by ``n_inner``), in us."""
     import torch
 
     s = torch.cuda.Stream()
@@ -44,7 +64,7 @@ def time_graph_us(fn: Callable[[], object], *, n_inner: int = 10, rounds: int = 
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3 / n_inner)
     del g
-    return float(statistics.median(times))
+    return spread(times)
 
 
 def time_graph_each_us(fns, *, rounds: int = 15) -> float:
@@ -60,12 +80,16 @@ def time_graph_each_us(fns, *, rounds: int = 15) -> float:
 
 
 def time_both(fn: Callable[[], object], *, graph: bool = True, **kw) -> dict:
-    """``{"cold_us": ..., "graph_us": ...}``; ``graph_us`` is None when ``graph=False`` or capture fails."""
-    out = {"cold_us": time_cold_us(fn)}
+    """``{"cold_us": median, "cold_min_us", "cold_max_us", "graph_us": median, "graph_min_us",
+    "graph_max_us"}`` (min / max over the repetitions / replay rounds); ``graph_us`` is None when
+    ``graph=False`` or capture fails."""
+    c = time_cold_spread(fn)
+    out = {"cold_us": c["median"], "cold_min_us": c["min"], "cold_max_us": c["max"], "cold_n": c["n"]}
     out["graph_us"] = None
     if graph:
         try:
-            out["graph_us"] = time_graph_us(fn, **kw)
+            g = time_graph_spread(fn, **kw)
+            out.update(graph_us=g["median"], graph_min_us=g["min"], graph_max_us=g["max"], graph_rounds=g["n"])
         except Exception as e:  # a baseline that cannot be captured is reported, not hidden
             out["graph_error"] = f"{type(e).__name__}: {e}"[:200]
     return out

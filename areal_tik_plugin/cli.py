@@ -14,15 +14,34 @@ SUBCOMMAND_MODULES = [
     "areal_tik_plugin.compare",  # compare: tik vs baseline AReaL runs -> report + plots
     "areal_tik_plugin.search.cli",  # search (kernel search: IR, evaluator, drivers)
     "areal_tik_plugin.verify",  # verify: Constraint (1) for a whole model
-    "areal_tik_plugin.integrations.sglang_check",  # sglang-check: which ops SGLang ran through ours
+    "areal_tik_plugin.integrations.sglang.check",  # sglang-check: which ops SGLang ran through ours
 ]
 
 
 def _cmd_evidence(args) -> int:
-    from areal_tik_plugin import evidence, loader
+    from areal_tik_plugin import evidence
+    from areal_tik_plugin.runtime import loader
 
     impl = loader.load_implementation(loader.resolve_path(args.implementation or loader.selected_name("sm_90")))
-    s = evidence.summary(impl)
+    if args.source_hash is not None and not (len(args.source_hash) == 64
+                                             and all(c in "0123456789abcdef" for c in args.source_hash)):
+        raise ValueError(f"--source-hash: expected 64 lowercase hex digits, got {args.source_hash!r}")
+    if args.update and not args.markdown:
+        raise ValueError("--update README.md needs --markdown")
+    if args.markdown:
+        table = evidence.render_markdown(impl, args.evidence_dir, args.source_hash)
+        if args.update:
+            changed = evidence.update_readme(args.update, table)
+            print(f"{args.update}: {'updated' if changed else 'already current'}", file=sys.stderr)
+        else:
+            print(table, end="")
+        m = evidence.measured(impl, args.evidence_dir, args.source_hash)
+        if m["awaiting"]:
+            print(f"awaiting the GPU run: {', '.join(m['awaiting'])}", file=sys.stderr)
+        for op, keys in m["unnamed"].items():
+            print(f"{op}: timings without a baseline name, not in the table: {', '.join(keys)}", file=sys.stderr)
+        return 0 if not args.strict or not (m["awaiting"] or m["failing"]) else 1
+    s = evidence.summary(impl, args.evidence_dir)
     if args.json:
         print(json.dumps(s, indent=2))
     else:
@@ -72,7 +91,7 @@ def _cmd_evidence(args) -> int:
 
 
 def _cmd_kernels(args) -> int:
-    from areal_tik_plugin import loader
+    from areal_tik_plugin.runtime import loader
 
     if args.action == "list":
         for name in loader.list_implementations():
@@ -98,6 +117,13 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--implementation", default=None)
     p.add_argument("--strict", action="store_true", help="exit 1 unless every op has passing evidence")
+    p.add_argument("--markdown", action="store_true",
+                   help="the README's Measured table from the evidence of the current kernel hash")
+    p.add_argument("--update", metavar="README", default=None,
+                   help="with --markdown: rewrite the table between the measured markers of this file")
+    p.add_argument("--source-hash", default=None,
+                   help="with --markdown: render the evidence of this full source hash instead of the current one")
+    p.add_argument("--evidence-dir", default=None, help="evidence root (default: the repository's evidence/)")
     p.set_defaults(func=_cmd_evidence)
     p = sub.add_parser("kernels", help="list implementations / recompute a manifest hash")
     p.add_argument("action", choices=["list", "rehash"])

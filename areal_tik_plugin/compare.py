@@ -234,6 +234,8 @@ def report(runs: list[Run], out_dir: str, window: int = 10, tik_mode: str = "tik
     # phases
     phase_keys = sorted({k for r in runs for row in r.rows for k in row if k.startswith("timeperf/")
                          and not k.endswith("__count")})
+    phase_means = {(cfg, m): {k: _avg([mean_of(r, k) for r in by[m]]) for k in phase_keys}
+                   for cfg, by in groups.items() for m in modes if m in by}
     if phase_keys:
         L += ["", "## Per-phase time (s per step, mean over steps and seeds)", "",
               "| config | mode | " + " | ".join(k.split("/", 1)[1] for k in phase_keys) + " |",
@@ -270,7 +272,7 @@ def report(runs: list[Run], out_dir: str, window: int = 10, tik_mode: str = "tik
     L += ["", "## Runs", "", "| config | mode | seed | run | steps | source |", "|---|---|---|---|---|---|"]
     for r in sorted(runs, key=lambda r: (r.config, r.mode, r.seed)):
         L.append(f"| {r.config} | {r.mode} | {r.seed} | {r.name} | {len(r.rows)} | {r.source} |")
-    plots = _plots(groups, modes, tput, out_dir, window, tik_mode, base_mode)
+    plots = _plots(groups, modes, tput, out_dir, window, tik_mode, base_mode, phase_means)
     if plots:
         L += ["", "## Plots", ""] + [f"![{os.path.splitext(p)[0]}]({p})" for p in plots]
     text = "\n".join(L) + "\n"
@@ -279,7 +281,30 @@ def report(runs: list[Run], out_dir: str, window: int = 10, tik_mode: str = "tik
     return text
 
 
-def _plots(groups, modes, tput, out_dir, window, tik_mode, base_mode) -> list[str]:
+def _phase_bars(plt, phase_means: dict, out_dir: str) -> list[str]:
+    """Stacked bars of the mean per-phase time per step, one bar per (config, mode)."""
+    if not phase_means:
+        return []
+    bars = sorted(phase_means)
+    keys = sorted({k for v in phase_means.values() for k in v})
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(bars) + 3), 3.8))
+    bottom = [0.0] * len(bars)
+    for k in keys:
+        vals = [phase_means[b].get(k) for b in bars]
+        vals = [v if _finite(v) else 0.0 for v in vals]
+        ax.bar(range(len(bars)), vals, 0.6, bottom=bottom, label=k.split("/", 1)[1])
+        bottom = [a + b for a, b in zip(bottom, vals)]
+    ax.set_xticks(range(len(bars)), [f"{c}\n{m}" for c, m in bars], rotation=20, ha="right", fontsize=7)
+    ax.set_ylabel("s per step (mean)")
+    ax.set_title("Per-phase time")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "phases.png"), dpi=110)
+    plt.close(fig)
+    return ["phases.png"]
+
+
+def _plots(groups, modes, tput, out_dir, window, tik_mode, base_mode, phase_means=None) -> list[str]:
     try:
         import matplotlib
 
@@ -307,6 +332,7 @@ def _plots(groups, modes, tput, out_dir, window, tik_mode, base_mode) -> list[st
     fig.savefig(os.path.join(out_dir, "throughput.png"), dpi=110)
     plt.close(fig)
     files.append("throughput.png")
+    files += _phase_bars(plt, phase_means or {}, out_dir)
     panels = [("reward", None), ("policy_loss", LOSS_KEY), ("grad_norm", GRAD_KEY),
               ("mismatch_frac", MISMATCH_KEYS[0])]
     for fname, key in panels:

@@ -1,14 +1,23 @@
-"""GPU evidence: JSON written only by ``python -m areal_tik_plugin.gpu`` on a GPU, committed under
+"""GPU evidence: JSON written only by ``python -m areal_tik_plugin.contract`` on a GPU, committed under
 ``evidence/<implementation>/``, bound to the implementation's source hash and the environment.
 
-``tik evidence --json`` summarizes it per op; ``tests/test_evidence.py`` fails when the selected
-implementation has no passing evidence for its current hash.
+``tik evidence --json`` summarizes it per op; ``tik evidence --markdown`` renders the README's
+"Measured" table from it (:func:`render_markdown`); ``tests/tools/test_evidence.py`` fails when the
+selected implementation has no passing evidence for its current hash.
+
+Benchmark rows (``Recorder.bench``) hold timing dicts ``{"cold_us": ..., "graph_us": ...}``: ``ours``
+(decode rows of attention: ``paged``, the kernel SGLang serves) and one per baseline. A baseline names
+itself exactly with ``"name"`` inside its dict (or ``"<key>_name"`` / ``"baseline_names": {key: name}``
+in the row, or a ``"baselines": {key: {...}}`` dict); ``"context": true`` marks a baseline that is
+context only (eager or stubbed code), never a headline. Row keys written by the suite before baselines
+carried names are named by :data:`KNOWN_BASELINES`.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 from typing import Any
 
@@ -47,7 +56,36 @@ def environment() -> dict[str, Any]:
             ).stdout.strip()
         except Exception:
             env["driver"] = None
+    from areal_tik_plugin.contract.baselines import versions
+
+    env["versions"] = versions()  # the baselines' stack (FlashInfer, Liger, AReaL, SGLang, cuDNN, ...)
     return env
+
+
+def record_header(impl, argv: list[str], env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The top of one evidence JSON: schema, implementation + source hash, environment, command."""
+    import time
+
+    return {
+        "schema": SCHEMA,
+        "implementation": impl.name,
+        "source_hash": impl.source_hash,
+        "env": environment() if env is None else env,
+        "argv": list(argv),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "ops": {},
+    }
+
+
+def record_path(out_dir: str, impl, ops: list[str]) -> str:
+    return os.path.join(out_dir, f"{impl.name}-{impl.source_hash[:12]}-{'-'.join(ops)[:60]}.json")
+
+
+def write_record(path: str, record: dict[str, Any]) -> None:
+    """Write atomically, so a run that dies later keeps the ops finished so far."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def load_all(impl_name: str | None = None, root: str | None = None) -> list[dict[str, Any]]:
@@ -69,36 +107,34 @@ def load_all(impl_name: str | None = None, root: str | None = None) -> list[dict
 
 def summary(impl=None, root: str | None = None) -> dict[str, Any]:
     """Per-op summary for the implementation (default: the selected one)."""
-    from areal_tik_plugin import loader
+    from areal_tik_plugin.runtime import loader
 
     if impl is None:
         impl = loader.load_implementation(loader.resolve_path(loader.selected_name("sm_90")))
     recs = [r for r in load_all(impl.name, root) if r.get("source_hash") == impl.source_hash]
     ops_declared = sorted({e.split(".")[0] for e in impl.manifest["entry_points"]})
     per_op: dict[str, Any] = {}
+    # per op, the newest run that checked it decides (a re-run after a fix supersedes the failed one; a
+    # benchmark-only run checks nothing and decides nothing); benchmarks likewise from the newest run that has them
+    order = sorted(recs, key=lambda r: (r.get("started") or "", r["_path"]))
     for op in ops_declared:
-        passed = failed = 0
-        bench: dict[str, Any] = {}
-        files = []
-        for r in recs:
-            op_rec = r.get("ops", {}).get(op)
-            if not op_rec:
-                continue
-            files.append(os.path.relpath(r["_path"], os.path.dirname(root or repo_evidence_dir())))
-            for c in op_rec.get("checks", []):
-                if c.get("passed"):
-                    passed += 1
-                else:
-                    failed += 1
-            for bname, b in op_rec.get("bench_summary", {}).items():
-                bench[bname] = b
+        checked = [r for r in order if r.get("ops", {}).get(op, {}).get("checks")]
+        benched = [r for r in order if r.get("ops", {}).get(op, {}).get("bench_summary")]
+        files = [os.path.relpath(r["_path"], os.path.dirname(root or repo_evidence_dir()))
+                 for r in order if op in r.get("ops", {})]
+        checks = checked[-1]["ops"][op]["checks"] if checked else []
+        passed = sum(1 for c in checks if c.get("passed"))
+        failed = len(checks) - passed
+        bench = dict(benched[-1]["ops"][op]["bench_summary"]) if benched else {}
         per_op[op] = {
             "implementation": impl.name,
             "source_hash": impl.source_hash,
             "evidence_matches_hash": bool(files),
             "checks_passed": passed,
             "checks_failed": failed,
-            "ok": bool(files) and passed > 0 and failed == 0,
+            "ok": bool(checked) and passed > 0 and failed == 0,
+            "checks_file": (os.path.relpath(checked[-1]["_path"], os.path.dirname(root or repo_evidence_dir()))
+                            if checked else None),
             "benchmarks": bench,
             "files": files,
         }
@@ -156,13 +192,13 @@ def _load_json(path: str) -> dict | None:
 def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """GPU results beyond the op suites, each as its producing command wrote it:
 
-    * ``layer_bench``: ``python -m areal_tik_plugin.gpu.layer_bench`` JSON under ``evidence/layer_bench/``
+    * ``layer_bench``: ``python -m benchmarks.layer_bench`` JSON under ``evidence/layer_bench/``
       (per-layer prefill + decode + update phase times, plugin vs stock-with-recompute);
-    * ``sglang_gpu``: ``python -m areal_tik_plugin.integrations.sglang_gpu_proof`` JSON under
+    * ``sglang_gpu``: ``python -m benchmarks.sglang_gpu_proof`` JSON under
       ``evidence/sglang/`` (a real SGLang Engine with ``attention_backend="tik"`` vs the training path);
     * ``areal_recompute``: ``recipes/bench_recompute.py`` JSON under ``evidence/areal/`` (AReaL's FSDP
       PPO actor: train-step time with and without the recompute forward);
-    * ``areal_gsm8k``: ``gsm8k-summary.json`` of ``bash scripts/gpu_integrations.sh gsm8k`` under
+    * ``areal_gsm8k``: ``gsm8k-summary.json`` of ``bash benchmarks/gpu_integrations.sh gsm8k`` under
       ``evidence/areal/*/`` (the GSM8K recipe, tik vs baseline: tokens/s, phases, mismatch monitor);
     * ``areal_bits``: ``bench_recompute.py --check-bits`` JSON under ``evidence/areal/*/`` (AReaL's FSDP
       actor vs the plain plugin-patched HF forward, bit for bit).
@@ -231,3 +267,257 @@ def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[st
                                   "mismatched_tokens": cb["shifted"]["mismatched_tokens"],
                                   "max_abs_diff": cb["shifted"]["max_abs_diff"]})
     return out
+
+
+# ---- the "Measured" table (README) -----------------------------------------------------------------
+MEASURED_BEGIN = "<!-- measured:begin -->"
+MEASURED_END = "<!-- measured:end -->"
+METHODS = (("cold", "cold_us"), ("graph", "graph_us"))
+
+# Row keys the contract suite writes for its baselines, named as the suite calls them (versions: the
+# table's "Measured on" line; a name may hold "{torch}"); (workload family, key) entries name a key
+# whose meaning differs per family. Context baselines (eager code) never make a headline row.
+KNOWN_BASELINES: dict[Any, tuple[str, bool]] = {
+    "cudnn": ("torch SDPA, cuDNN backend", False),
+    "fa2": ("torch SDPA, FlashAttention-2 backend", False),
+    "sdpa_masked_padded": ("torch SDPA, padded cache + key mask", False),
+    "cublas": ("cuBLAS (torch F.linear)", False),
+    "torch_index_put": ("torch index_put_ into the pool", False),
+    "hf_grouped_mm": ("transformers Qwen3-MoE block, grouped_mm", False),
+    ("rmsnorm", "liger"): ("Liger LigerRMSNorm", False),
+    ("rmsnorm_residual", "liger"): ("Liger LigerFusedAddRMSNorm", False),
+    ("qk_norm", "liger"): ("Liger LigerRMSNorm (per head)", False),
+    ("rope", "liger"): ("Liger liger_rotary_pos_emb", False),
+    ("swiglu", "liger"): ("Liger LigerSiLUMulFunction", False),
+    "hf_eager": ("transformers eager module", True),
+    "hf_eager_apply": ("transformers eager apply_rotary_pos_emb", True),
+    "hf_eager_cos_sin_apply": ("transformers eager rotary embedding + apply", True),
+    "areal_chunked": ("AReaL-style chunked fp32 log_softmax (eager torch)", True),
+}
+# keys of a row that hold our own timings (never a baseline)
+_OURS_KEYS = ("ours", "paged")
+
+
+def _timing(v) -> bool:
+    return isinstance(v, dict) and any(isinstance(v.get(k), (int, float)) for _, k in METHODS)
+
+
+def _group(row: dict[str, Any]) -> str:
+    """The workload family of a bench row: its ``kind``, else its name up to ``[`` or ``_``."""
+    if row.get("kind"):
+        return str(row["kind"])
+    name = str(row.get("name", "?"))
+    return name.split("[")[0] if "[" in name else name.split("_")[0]
+
+
+def _ours(row: dict[str, Any]) -> dict[str, Any] | None:
+    key = row.get("ours_key")
+    if key:
+        return row.get(key) if _timing(row.get(key)) else None
+    for k in _OURS_KEYS:
+        if _timing(row.get(k)):
+            return row[k]
+    return None
+
+
+def unnamed_timings(row: dict[str, Any]) -> list[str]:
+    """Timing dicts of a row that are neither ours nor a named baseline (variants of ours, or a baseline
+    whose writer forgot its name: ``tik evidence --markdown`` lists them)."""
+    named = {b["key"] for b in row_baselines(row)}
+    ours = set(_OURS_KEYS) | {row.get("ours_key")}
+    return [k for k, v in row.items() if _timing(v) and k not in ours and k not in named]
+
+
+def row_baselines(row: dict[str, Any], env: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The baselines one bench row measured: ``{"key", "name", "context", "cold_us", "graph_us"}`` each.
+    A timing dict counts only when it is named (by the row or :data:`KNOWN_BASELINES`); unnamed
+    timings are variants of ours (e.g. attention's dense / page-16 decode)."""
+    torch_v = str((env or {}).get("torch") or "?")
+    group = _group(row)
+    out = []
+    named = dict(row.get("baseline_names") or {})
+    cands = {k: v for k, v in row.items() if _timing(v) and k not in _OURS_KEYS and k != row.get("ours_key")}
+    for k, v in (row.get("baselines") or {}).items():
+        if _timing(v):
+            cands[k] = v
+    for key, v in cands.items():
+        name = v.get("name") or row.get(f"{key}_name") or named.get(key)
+        context = bool(v.get("context", False))
+        if not name:
+            known = KNOWN_BASELINES.get((group, key)) or KNOWN_BASELINES.get(key)
+            if known is None:
+                continue
+            name, context = known[0].format(torch=torch_v), known[1] or context
+        out.append({"key": key, "name": str(name), "context": context,
+                    **{k: v.get(k) for _, k in METHODS}})
+    return out
+
+
+def _fmt_us(us: float) -> str:
+    if us >= 1000:
+        return f"{us / 1000:.3g} ms"
+    return f"{us:.3g} µs"
+
+
+def _span(vals: list[float], fmt) -> str:
+    lo, hi = min(vals), max(vals)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}–{fmt(hi)}"
+
+
+_DIMS = ("B", "L", "ctx", "T", "M", "N", "K")
+
+
+def _workload(group: str, rows: list[dict[str, Any]]) -> str:
+    parts = []
+    for d in _DIMS:
+        vals = [r[d] for r in rows if isinstance(r.get(d), (int, float)) and not isinstance(r.get(d), bool)]
+        if vals and len(set(vals)) > 1:
+            parts.append(f"{d} {_span(vals, lambda x: f'{x:g}')}")
+        elif vals and len(rows) == 1:
+            parts.append(f"{d} {vals[0]:g}")
+    n = f" ×{len(rows)}" if len(rows) > 1 else ""
+    return f"{group}{n}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _latest_per_op(recs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """op -> (op record, evidence record) of the newest file holding that op."""
+    out: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for r in sorted(recs, key=lambda r: (r.get("started") or "", r["_path"])):
+        for op, op_rec in (r.get("ops") or {}).items():
+            out[op] = (op_rec, r)
+    return out
+
+
+def measured(impl=None, root: str | None = None, source_hash: str | None = None) -> dict[str, Any]:
+    """The rows of the Measured table: per op, per workload family and timing method, our time against
+    the strongest (fastest) non-context baseline each workload measured, from the newest evidence file
+    of ``source_hash`` (default: the implementation's current hash). Ops without such evidence are
+    listed in ``awaiting``; ops whose contract checks fail get no performance rows (``failing``)."""
+    from areal_tik_plugin.runtime import loader
+
+    if impl is None:
+        impl = loader.load_implementation(loader.resolve_path(loader.selected_name("sm_90")))
+    root = root or repo_evidence_dir()
+    h = source_hash or impl.source_hash
+    recs = [r for r in load_all(impl.name, root) if r.get("source_hash") == h]
+    ops_declared = list(dict.fromkeys(e.split(".")[0] for e in impl.manifest["entry_points"]))
+    latest = _latest_per_op(recs)
+    rows: list[dict[str, Any]] = []
+    awaiting, failing, no_headline = [], [], []
+    unnamed: dict[str, set[str]] = {}
+    envs: dict[str, dict[str, Any]] = {}
+    for op in ops_declared:
+        if op not in latest:
+            awaiting.append(op)
+            continue
+        op_rec, rec = latest[op]
+        env = rec.get("env") or {}
+        fname = os.path.relpath(rec["_path"], os.path.dirname(root)).replace(os.sep, "/")
+        checks = op_rec.get("checks") or []
+        if not checks or any(not c.get("passed") for c in checks):
+            failing.append(op)
+            continue
+        groups: dict[tuple[str, str, str], list[tuple[dict[str, Any], float, float]]] = {}
+        for b in op_rec.get("benchmarks") or []:
+            ours = _ours(b)
+            if ours is None:
+                continue
+            for k in unnamed_timings(b):
+                unnamed.setdefault(op, set()).add(k)
+            bases = [x for x in row_baselines(b, env) if not x["context"]]
+            for method, key in METHODS:
+                o = ours.get(key)
+                timed = [x for x in bases if isinstance(x.get(key), (int, float)) and x[key] > 0]
+                if not isinstance(o, (int, float)) or o <= 0 or not timed:
+                    continue
+                best = min(timed, key=lambda x: x[key])
+                groups.setdefault((_group(b), best["name"], method), []).append((b, o, best[key]))
+        if not groups:
+            no_headline.append(op)
+            continue
+        envs[fname] = env
+        for (group, base, method), items in groups.items():
+            ratios = [bt / o for _, o, bt in items]
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            rows.append({"op": op, "workload": _workload(group, [b for b, _, _ in items]), "group": group,
+                         "n": len(items), "ours_us": [o for _, o, _ in items], "baseline": base,
+                         "ratio_geomean": geo, "ratio_min": min(ratios), "ratio_max": max(ratios),
+                         "method": method, "file": fname})
+    return {"implementation": impl.name, "source_hash": h, "ops": ops_declared, "rows": rows, "awaiting": awaiting,
+            "failing": failing, "no_headline": no_headline, "envs": envs,
+            "unnamed": {op: sorted(v) for op, v in unnamed.items()}}
+
+
+def _env_line(env: dict[str, Any]) -> str:
+    bits = [env.get("gpu") or "?"]
+    for k, label in (("torch", "torch"), ("triton", "Triton"), ("cuda", "CUDA"), ("driver", "driver")):
+        if env.get(k):
+            bits.append(f"{label} {env[k]}")
+    return ", ".join(bits)
+
+
+def render_markdown(impl=None, root: str | None = None, source_hash: str | None = None) -> str:
+    """The README's Measured table (between :data:`MEASURED_BEGIN` / :data:`MEASURED_END`)."""
+    m = measured(impl, root, source_hash)
+    files = sorted({r["file"] for r in m["rows"]} | set(m["envs"]))
+    ref = {f: f"e{i + 1}" for i, f in enumerate(files)}
+    out = [MEASURED_BEGIN,
+           f"Kernels `{m['implementation']}` at the source hash in its manifest; ratio = baseline time / our "
+           "time (> 1: ours is faster), geometric mean over the workloads (min–max); cold = cold-L2 median "
+           "(`triton.testing.do_bench`), graph = warm CUDA-graph replay; baseline = the fastest non-eager "
+           "baseline each workload measured. Generated by `tik evidence --markdown`.",
+           ""]
+    by_env: dict[str, list[str]] = {}
+    for f in files:
+        by_env.setdefault(_env_line(m["envs"].get(f, {})), []).append(f"[{ref[f]}]")
+    for line, refs in by_env.items():
+        out += [f"Measured on {line} ({', '.join(refs)}).", ""]
+    out += ["| op | workload | ours | baseline | ratio | method | evidence |",
+            "|---|---|---|---|---|---|---|"]
+    for op in m["ops"]:
+        op_rows = [r for r in m["rows"] if r["op"] == op]
+        for r in op_rows:
+            ratio = (f"{r['ratio_geomean']:.2f}" if r["n"] == 1 else
+                     f"{r['ratio_geomean']:.2f} ({r['ratio_min']:.2f}–{r['ratio_max']:.2f})")
+            out.append(f"| {op} | {r['workload']} | {_span(r['ours_us'], _fmt_us)} | {r['baseline']} | {ratio} "
+                       f"| {r['method']} | [{ref[r['file']]}] |")
+        if op in m["awaiting"]:
+            out.append(f"| {op} | — | — | — | — | — | awaiting GPU run |")
+        elif op in m["failing"]:
+            out.append(f"| {op} | — | — | — | — | — | contract checks failing: no numbers |")
+        elif op in m["no_headline"]:
+            out.append(f"| {op} | — | — | only eager baselines recorded (context, not a headline) | — | — | — |")
+    out.append("")
+    if m["awaiting"]:
+        out.append(f"Awaiting the GPU run for this hash: {', '.join(m['awaiting'])}.")
+        out.append("")
+    for f in files:
+        out.append(f"[{ref[f]}]: {f}")
+    if files:
+        out.append("")
+    out.append(MEASURED_END)
+    return "\n".join(out) + "\n"
+
+
+def readme_table(text: str) -> str | None:
+    """The Measured block of a README text (markers included, as :func:`render_markdown` ends it),
+    or None without markers."""
+    i, j = text.find(MEASURED_BEGIN), text.find(MEASURED_END)
+    if i < 0 or j < i:
+        return None
+    return text[i:j + len(MEASURED_END)] + "\n"
+
+
+def update_readme(path: str, table: str) -> bool:
+    """Replace the Measured block of the README at ``path``; True when the file changed."""
+    with open(path) as f:
+        text = f.read()
+    i, j = text.find(MEASURED_BEGIN), text.find(MEASURED_END)
+    if i < 0 or j < i:
+        raise ValueError(f"{path}: expected the markers {MEASURED_BEGIN} ... {MEASURED_END}")
+    new = text[:i] + table.rstrip("\n") + text[j + len(MEASURED_END):]
+    if new == text:
+        return False
+    with open(path, "w") as f:
+        f.write(new)
+    return True

@@ -35,7 +35,7 @@ def make_model(path: str, shape: dict, layers: int | None) -> str:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from areal_tik_plugin.integrations.areal.tiny import build_tokenizer
+    from areal_tik_plugin.models import build_tokenizer
 
     if os.path.exists(os.path.join(path, "config.json")):
         return path
@@ -80,7 +80,7 @@ def check_bits(actor, path: str, a, vocab: int) -> dict:
     the log-prob of token t+1 at position t; both alignments are reported."""
     import torch
 
-    from areal_tik_plugin.integrations.sglang_check import training_logprobs
+    from areal_tik_plugin.integrations.sglang.check import training_logprobs
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     data = synthetic_batch(a.check_bits, a.prompt, a.response, vocab, seed=4242)
@@ -118,7 +118,7 @@ def _plain_name(name: str) -> str:
 def _bits_equal(a, b) -> bool:
     import torch
 
-    from areal_tik_plugin.gpu.suite import bits
+    from areal_tik_plugin.contract.suite import bits
 
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b)))
 

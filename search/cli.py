@@ -10,6 +10,10 @@
     tik search show RUN ID         one record as JSON
     tik search checkout RUN ID DIR copy an implementation's folder (to edit it for --from-dir)
     tik search report RUN          markdown + PNG plots under RUN/report
+    tik search apply RUN --parent I --edits FILE [--dry-run | --out DIR]   preview / apply SEARCH/REPLACE edits
+    tik search revoke RUN --id I --reason TEXT [--keep-descendants]       withdraw a verdict (best recomputed)
+    tik search reaudit RUN --id I [--seed N]   evaluate again on another input draw; a failure revokes it
+    tik search export RUN [--id I] --name NAME [--dest DIR]   installable implementation folder + its audits
 """
 
 from __future__ import annotations
@@ -249,6 +253,82 @@ def cmd_decide(args) -> int:
     return cmd_next(args, run=run)
 
 
+def _read_edits(path: str):
+    from areal_tik_plugin.search import edits as E
+
+    with open(path) as f:
+        text = f.read()
+    try:
+        edits = json.loads(text)
+        if not isinstance(edits, list):
+            raise ValueError
+    except ValueError:
+        edits = E.parse_search_replace(text)
+    return edits
+
+
+def cmd_apply(args) -> int:
+    """Apply SEARCH/REPLACE edits to a parent's files without recording anything: the diff, or the
+    exact reason an edit does not apply (text not found / not unique, with the closest line)."""
+    from areal_tik_plugin.search import edits as E
+
+    run = _open(args.run, lock=False)
+    if args.parent not in run.impls:
+        print(f"unknown implementation {args.parent}", file=sys.stderr)
+        return 2
+    parent = run.files_of(args.parent)
+    try:
+        new = E.apply_edits(parent, _read_edits(args.edits))
+    except E.EditError as e:
+        _print({"applies": False, "error": str(e)})
+        return 1
+    diff = E.diff_files(parent, new)
+    if not args.dry_run:
+        if not args.out:
+            print("give --out DIR (a copy with the edits applied, for --from-dir) or --dry-run", file=sys.stderr)
+            return 2
+        shutil.copytree(run.impl_dir(args.parent), args.out, ignore=shutil.ignore_patterns("__pycache__"))
+        for rel in E.changed_files(parent, new):
+            p = os.path.join(args.out, rel)
+            if rel in new:
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                with open(p, "w") as f:
+                    f.write(new[rel])
+            elif os.path.exists(p):
+                os.unlink(p)
+    _print({"applies": bool(diff), "changed_files": E.changed_files(parent, new), "diff": diff,
+            **({} if diff else {"error": "the edits change nothing"})})
+    return 0 if diff else 1
+
+
+def cmd_revoke(args) -> int:
+    run = _open(args.run)
+    rec = run.revoke(args.id, reason=args.reason, keep_descendants=args.keep_descendants, created_by=args.created_by)
+    st = run.state()
+    _print({"revocation": rec.id, "revoked": rec.revoked, "reason": rec.reason, "best": st.best,
+            "best_objective_us": st.best_objective_us, "frontier": st.frontier(run.opps)})
+    return 0
+
+
+def cmd_reaudit(args) -> int:
+    run = _open(args.run)
+    out = run.reaudit(_evaluator(args), args.id, seed=args.seed)
+    out["best"] = run.state().best
+    _print(out)
+    return 0 if out["status"] == "ok" else 1
+
+
+def cmd_export(args) -> int:
+    from areal_tik_plugin.search.export import export
+
+    run = _open(args.run, lock=False)
+    out = export(run, name=args.name, iid=args.id, dest=args.dest)
+    out["use"] = (f"tik verify --implementation {out['path']}   |   recipe override tik.implementation={out['path']}"
+                  f"   |   TIK_IMPLEMENTATION={out['path']}")
+    _print(out)
+    return 0
+
+
 def cmd_status(args) -> int:
     from areal_tik_plugin.search.engine import status_line
 
@@ -274,7 +354,8 @@ def cmd_status(args) -> int:
 def cmd_show(args) -> int:
     from areal_tik_plugin.search import ir
 
-    kinds = {"O": "opportunity", "I": "implementation", "A": "action", "E": "audit", "L": "decision"}
+    kinds = {"O": "opportunity", "I": "implementation", "A": "action", "E": "audit", "L": "decision",
+             "R": "revocation"}
     kind = kinds.get(args.id[:1])
     if kind is None:
         print(f"unknown id {args.id!r}; ids start with O, I, A, E or L", file=sys.stderr)
@@ -309,9 +390,10 @@ def _safe(fn):
     """Expected failures (wrong phase, bad edit, bad spec) print one message instead of a traceback."""
 
     def wrapped(args) -> int:
-        from areal_tik_plugin.loader import ImplementationError
+        from areal_tik_plugin.runtime.loader import ImplementationError
         from areal_tik_plugin.search.edits import EditError
         from areal_tik_plugin.search.evaluator import BindingError
+        from areal_tik_plugin.search.export import ExportError
         from areal_tik_plugin.search.ir import RecordConflict, SchemaError
         from areal_tik_plugin.search.spec import SpecError
         from areal_tik_plugin.search.state import CorruptRun, RunError
@@ -319,7 +401,7 @@ def _safe(fn):
         try:
             return fn(args)
         except (RunError, CorruptRun, SpecError, EditError, SchemaError, RecordConflict, ImplementationError,
-                BindingError) as e:
+                BindingError, ExportError) as e:
             print(f"tik search: {type(e).__name__}: {e}", file=sys.stderr)
             return 2
         finally:  # release run-directory locks (matters when called in-process, e.g. from tests)
@@ -423,5 +505,35 @@ def register(sub) -> None:
     r.add_argument("run")
     r.add_argument("--out", default=None, help="folder (default RUN/report)")
     r.set_defaults(func=_safe(cmd_report))
+
+    r = s.add_parser("apply", help="apply SEARCH/REPLACE edits to a parent: --dry-run shows the diff or the error")
+    r.add_argument("run")
+    r.add_argument("--parent", required=True)
+    r.add_argument("--edits", required=True)
+    r.add_argument("--dry-run", action="store_true", help="only report whether/how the edits apply")
+    r.add_argument("--out", default=None, help="write the edited copy here (for record-action --from-dir)")
+    r.set_defaults(func=_safe(cmd_apply))
+
+    r = s.add_parser("revoke", help="withdraw a verdict: out of best/frontier/archive, best recomputed")
+    r.add_argument("run")
+    r.add_argument("--id", required=True)
+    r.add_argument("--reason", required=True)
+    r.add_argument("--keep-descendants", action="store_true", help="revoke only this implementation")
+    common(r)
+    r.set_defaults(func=_safe(cmd_revoke))
+
+    r = s.add_parser("reaudit", help="re-evaluate a verified implementation on another input draw")
+    r.add_argument("run")
+    r.add_argument("--id", required=True)
+    r.add_argument("--seed", type=int, default=1, help="input draw of the timed checks (0 = the audit's own)")
+    common(r)
+    r.set_defaults(func=_safe(cmd_reaudit))
+
+    r = s.add_parser("export", help="installable implementation folder from a verified implementation")
+    r.add_argument("run")
+    r.add_argument("--id", default=None, help="default: the run's best")
+    r.add_argument("--name", required=True)
+    r.add_argument("--dest", default=None, help="parent folder (default: the installed kernels/)")
+    r.set_defaults(func=_safe(cmd_export))
 
     p.set_defaults(func=lambda a: (p.print_help(), 0)[1])

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from areal_tik_plugin.loader import MANIFEST, source_files
+from areal_tik_plugin.runtime.loader import MANIFEST, source_files
 
 
 class EditError(ValueError):

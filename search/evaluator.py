@@ -18,13 +18,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
-from areal_tik_plugin import loader
+from areal_tik_plugin.runtime import loader
+from areal_tik_plugin.search import sandbox as X
 from areal_tik_plugin.search import spec as S
 
 STATUS_FROM_STAGE_CRASH = {"start": "infra_error", "compile": "compile_error"}
@@ -44,8 +46,9 @@ def evaluator_files(spec: dict[str, Any]) -> list[str]:
     files = [
         os.path.join(here, "evaluator.py"), os.path.join(here, "worker.py"), os.path.join(here, "spec.py"),
         os.path.abspath(runners.__file__), runners.runner_file(spec["runner"]),
-        os.path.join(pkg, "bench.py"), os.path.join(pkg, "loader.py"), os.path.join(pkg, "_interp.py"),
-        os.path.join(pkg, "gpu", "suite.py"),
+        os.path.join(pkg, "bench.py"), os.path.join(pkg, "runtime", "loader.py"),
+        os.path.join(pkg, "runtime", "interp.py"), os.path.join(pkg, "contract", "suite.py"),
+        os.path.join(here, "sandbox.py"), os.path.join(here, "state.py"), os.path.join(pkg, "evidence.py"),
     ]
     return sorted(set(files))
 
@@ -66,14 +69,22 @@ class Evaluator:
     ----------
     timeout_s : hard wall-clock limit per candidate (default: the spec's ``evaluation.timeout_s``)
     python : interpreter for the worker (default: this one)
+    static_check : refuse candidate sources that fail :func:`sandbox.static_check` before running them;
+        off only in tests that plant an attack the static check would stop, to show the next layer
+        (process isolation, integrity snapshot) holds on its own
     """
 
-    def __init__(self, timeout_s: float | None = None, python: str | None = None, poll_s: float = 0.25):
+    def __init__(self, timeout_s: float | None = None, python: str | None = None, poll_s: float = 0.25,
+                 static_check: bool = True):
         self.timeout_s = timeout_s
         self.python = python or sys.executable
         self.poll_s = poll_s
+        self.static_check = static_check
 
-    def evaluate(self, run, iid: str, progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    def evaluate(self, run, iid: str, progress: Callable[[dict], None] | None = None, *, seed: int = 0,
+                 ab: bool = True) -> dict[str, Any]:
+        """Evaluate ``iid``; with ``ab`` (every audit after the root's) the run's current best and the
+        root are timed interleaved with it in the same process (``timing.ab``)."""
         t_start = time.time()
         spec = run.spec
         rec = run.impls[iid]
@@ -96,6 +107,8 @@ class Evaluator:
             "evaluator_before": evaluator_hash(spec),
         }
 
+        isolation: dict[str, Any] = {}
+
         def result(status, stage, error, res=None):
             r = {"status": status, "stage": stage, "latencies_us": {}, "checks": [], "compile": {},
                  "dispatch": {}, "timing": {}, "error": error, "env": {}}
@@ -106,6 +119,9 @@ class Evaluator:
                 for k, v in (res.get("hashes") or {}).items():
                     hashes[f"worker_{k}"] = v
             r["hashes"] = hashes
+            if res and isinstance(res.get("sandbox"), dict):
+                isolation.update(res["sandbox"])
+            r["env"] = {**r["env"], "isolation": dict(isolation)}
             r["log_tail"] = _tail(log_path)
             r["wall_s"] = round(time.time() - t_start, 3)
             if status != "ok":
@@ -123,22 +139,63 @@ class Evaluator:
         if hashes["spec_before"] != hashes["spec_bound"]:
             raise BindingError("the spec criteria changed since the run was created; start a new run")
 
+        violations = X.static_check(impl_dir, run.impl_dir("I0000") if iid != "I0000" else impl_dir) \
+            if self.static_check else []
+        if violations:
+            r = result("contract_violation", "static", "static check of the candidate's sources: "
+                                                        + "; ".join(violations[:10]))
+            r["checks"] = [{"name": f"static:{v.split(':', 2)[0]}", "passed": False, "kind": "static", "finding": v}
+                           for v in violations[:50]]
+            return r
+
+        from areal_tik_plugin.search import instructions as INS
+
+        try:
+            findings, instr = INS.check(run.impl_dir("I0000"), impl_dir, loader.read_manifest(impl_dir)["entry_points"],
+                                        list(spec["entry_points"]))
+        except (SyntaxError, OSError, ValueError) as e:
+            findings, instr = [], {"error": f"{type(e).__name__}: {e}"[:300]}
+        if findings:
+            r = result("contract_violation", "static", "instructions per path: " + "; ".join(findings[:6]))
+            r["checks"] = [{"name": "instructions_per_path", "passed": False, "kind": "static", "findings": findings,
+                            "instructions": instr}]
+            return r
+
+        st = run.state()
+        incumbent = st.best if ab and iid != "I0000" and st.best and st.best != iid else None
         timeout = float(self.timeout_s or spec["evaluation"]["timeout_s"])
-        env = dict(os.environ)
-        env["PYTHONUNBUFFERED"] = "1"
-        env["PYTHONDONTWRITEBYTECODE"] = "1"  # keep implementation folders exactly as built
-        if spec["target"]["device"] == "cpu":
-            env.setdefault("TRITON_INTERPRET", "1")
-            env.setdefault("OMP_NUM_THREADS", str(spec["evaluation"].get("cpu_threads", 1)))
+        lim = X.limits(spec, timeout)
+        token = X.new_token()
+        scratch = tempfile.mkdtemp(prefix=f"tik-audit-{iid}-")
+        home = os.path.join(scratch, "home")
+        private = os.path.join(scratch, "result")
+        os.makedirs(home)
+        os.makedirs(private, mode=0o700)
+        worker_out = os.path.join(private, "result.json")
+        env = X.scrubbed_env(spec["target"]["device"], home, int(spec["evaluation"].get("cpu_threads", 1)), token)
+        net = spec["evaluation"].get("network", "unshare")
         cmd = [self.python, "-m", "areal_tik_plugin.search.worker", "--impl", impl_dir, "--spec", spec_path,
-               "--out", out_path]
+               "--out", worker_out, "--seed", str(int(seed))]
+        if incumbent:
+            cmd += ["--incumbent", run.impl_dir(incumbent), "--root", run.impl_dir("I0000")]
+        if net == "unshare":
+            cmd.append("--unshare-net")
+        isolation.update({"process": "new session (setsid), own process group, killed at the end of the audit",
+                          "cwd": "private temporary folder (also HOME, TMPDIR, caches)",
+                          "env_keys": sorted(env), "limits": lim, "network_requested": net,
+                          "static_check": "passed" if self.static_check else "off (test of the next layer)",
+                          "incumbent": incumbent})
+        snap = X.Snapshot(run.root, evaluator_files(spec) + _spec_sources(run))
+        isolation["subreaper"] = X.become_subreaper()
+        known_children = X.children_of_me()
         with open(log_path, "w") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env=env, cwd=work)
+                                    start_new_session=True, env=env, cwd=home, preexec_fn=X.preexec(lim))
         with open(os.path.join(work, f"{iid}.pid"), "w") as f:
             f.write(str(proc.pid))
         deadline = time.time() + timeout
         timed_out = False
+        stray: list[int] = []
         try:
             while True:
                 try:
@@ -147,16 +204,34 @@ class Evaluator:
                 except subprocess.TimeoutExpired:
                     pass
                 if progress is not None:
-                    progress(_read(out_path).get("progress") or {"stage": "start"})
+                    progress(_read(worker_out).get("progress") or {"stage": "start"})
                 if time.time() > deadline:
                     timed_out = True
-                    _kill_group(proc)
                     break
-        except BaseException:
-            _kill_group(proc)
-            raise
         finally:
-            _kill_group(proc)  # grandchildren left behind by a worker that exited
+            stray = X.kill_audit(proc.pid, token, known_children | {proc.pid})  # the whole group, detached children included
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
+            if os.path.exists(worker_out):
+                shutil.copyfile(worker_out, out_path)
+            shutil.rmtree(scratch, ignore_errors=True)
+        isolation["stray_processes_killed"] = stray
+        changed = snap.changes()
+        if changed:
+            snap.restore()
+            left = snap.changes()
+            isolation["integrity"] = {"changed": changed, "restored": not left}
+            r = result("infra_error", _read(out_path).get("stage", "start"),
+                       f"integrity: the evaluation changed {len(changed)} protected path(s) "
+                       f"({', '.join(changed[:8])}); restored from the copy taken before the audit"
+                       + ("" if not left else f", but {left[:4]} could not be restored"), _read(out_path))
+            r["latencies_us"] = {}
+            r["timing"] = {}
+            r["checks"] = [{"name": "integrity", "passed": False, "kind": "integrity", "changed": changed[:50]}]
+            return r
+        isolation["integrity"] = {"changed": [], "snapshot": snap.digest}
         res = _read(out_path)
         rc = proc.returncode
         hashes["candidate_after"] = loader.compute_source_hash(impl_dir)
@@ -182,7 +257,20 @@ class Evaluator:
             binding.append("the spec changed during the evaluation")
         if binding:
             return result("infra_error", stage, "hash binding: " + "; ".join(binding), res)
-        return result(res["status"], stage, res.get("error"), res)
+        r = result(res["status"], stage, res.get("error"), res)
+        r["compile"]["instructions_per_path"] = instr
+        r["dispatch"]["rules"] = list(rec.dispatch_rules)
+        if isinstance(r["timing"].get("ab"), dict):
+            r["timing"]["ab"]["incumbent"] = incumbent
+        if r["status"] == "ok" and incumbent and not (r["timing"].get("ab") or {}).get("objective_ratios"):
+            return result("infra_error", stage, "the worker returned no A/B measurement against the incumbent "
+                                                f"{incumbent}", res)
+        return r
+
+
+def _spec_sources(run) -> list[str]:
+    src = run.meta.get("spec_source")
+    return [src] if src and os.path.isfile(src) else []
 
 
 def _read(path: str) -> dict[str, Any]:
@@ -202,14 +290,3 @@ def _tail(path: str, n: int = 6000) -> str:
             return f.read().decode(errors="replace")
     except OSError:
         return ""
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover
-        pass

@@ -49,10 +49,11 @@ ID_PATTERNS = {
     "action": re.compile(r"^A\d{4,}$"),
     "audit": re.compile(r"^E\d{4,}$"),
     "decision": re.compile(r"^L\d{4,}$"),
+    "revocation": re.compile(r"^R\d{4,}$"),
 }
-PREFIX = {"opportunity": "O", "implementation": "I", "action": "A", "audit": "E", "decision": "L"}
+PREFIX = {"opportunity": "O", "implementation": "I", "action": "A", "audit": "E", "decision": "L", "revocation": "R"}
 SUBDIR = {"opportunity": "opportunities", "implementation": "implementations", "action": "actions",
-          "audit": "audits", "decision": "decisions"}
+          "audit": "audits", "decision": "decisions", "revocation": "revocations"}
 
 
 class SchemaError(ValueError):
@@ -189,12 +190,30 @@ class LineageDecision:
     created_by: str
 
 
+@dataclass
+class Revocation:
+    """A verdict found wrong later (a user's ``tik search revoke``, a failed re-audit or held-out check):
+    the implementation (and, unless ``keep_descendants``, every offspring built from it) leaves the
+    verified set, best and frontier / archive; the best is recomputed from the remaining records."""
+
+    id: str
+    after_step: int                            # takes effect after this step's decision (replay order)
+    implementation: str
+    reason: str
+    source: str                                # "user" | "reaudit" | "heldout"
+    evidence: dict[str, Any]                   # e.g. the failed re-audit's status / error / checks
+    revoked: list[str]                         # the implementation and the descendants removed with it
+    created_by: str
+    created_at: str
+
+
 RECORD_TYPES: dict[str, type] = {
     "opportunity": Opportunity,
     "implementation": Implementation,
     "action": Action,
     "audit": Audit,
     "decision": LineageDecision,
+    "revocation": Revocation,
 }
 KIND_OF_TYPE = {v: k for k, v in RECORD_TYPES.items()}
 

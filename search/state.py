@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_tik_plugin import loader
+from areal_tik_plugin.runtime import loader
 from areal_tik_plugin.search import edits as E
 from areal_tik_plugin.search import ir
 from areal_tik_plugin.search import spec as S
@@ -74,6 +74,7 @@ class State:
     tokens: int = 0
     time_used_s: float = 0.0
     open_step: int | None = None                         # step whose action exists but is not decided
+    revoked: dict[str, str] = field(default_factory=dict)   # implementation -> revocation id
 
     def frontier(self, opps: dict[str, ir.Opportunity]) -> list[str]:
         live = {i for o in self.pending for i in opps[o].applies_to}
@@ -84,20 +85,62 @@ class State:
         return sorted((i for i in self.retained if i not in f), key=ir.id_number)
 
 
-def is_promotion(spec: dict, audit_fields: dict, best_objective: float | None) -> bool:
-    """Paper §5.3: verified, fully measured, every workload within its limit, strictly lower T."""
+def ab_verdict(spec: dict, ab: dict | None) -> dict[str, Any] | None:
+    """The A/B part of the promotion rule, from the per-round objective ratios candidate / incumbent
+    measured interleaved in one process (``timing.ab.objective_ratios``).
+
+    gain = 1 - median(ratios); noise = 1.4826 * median(|ratio - median|) (the robust spread of the
+    rounds); the candidate is faster only if gain > max(improve_eps, noise_k * noise). An unchanged
+    kernel has median ~ 1, so CPU noise alone cannot promote it; a gain smaller than the spread of its
+    own rounds is not evidence either. None when the audit carries no A/B measurement."""
+    ratios = (ab or {}).get("objective_ratios")
+    if not ratios:
+        return None
+    import statistics
+
+    med = float(statistics.median(ratios))
+    noise = 1.4826 * float(statistics.median(abs(r - med) for r in ratios))
+    se = spec.get("search", {})
+    eps = float(se.get("improve_eps", 0.02))
+    k = float(se.get("noise_k", 3.0))
+    needed = max(eps, k * noise)
+    gain = 1.0 - med
+    return {"ratio_median": med, "noise": noise, "gain": gain, "needed": needed, "improve_eps": eps,
+            "noise_k": k, "faster": gain > needed, "rounds": len(ratios)}
+
+
+def is_promotion(spec: dict, audit_fields: dict, best_objective: float | None, ab: dict | None = None,
+                 best: str | None = None) -> bool:
+    """Paper §5.3: verified, fully measured, every workload within its limit, strictly lower T.
+
+    With an A/B measurement (every audit of the real evaluator after the root's) "lower T" is the
+    interleaved comparison against the incumbent that was best when the audit ran
+    (:func:`ab_verdict`); a measurement against any other implementation never promotes. Without one
+    (recorded fakes in tests) the recorded objectives are compared."""
     if not audit_fields["verified"] or not audit_fields["fully_measured"] or not audit_fields["admissible"]:
         return False
     T = audit_fields["objective_us"]
-    return T is not None and (best_objective is None or T < best_objective)
+    if T is None:
+        return False
+    if ab is not None and ("objective_ratios" in ab or "incumbent" in ab):
+        v = ab_verdict(spec, ab)
+        return bool(v and v["faster"] and ab.get("incumbent") == best)
+    return best_objective is None or T < best_objective
 
 
-def score(spec: dict, status: str, latencies: dict[str, float]) -> dict[str, Any]:
-    """verified / fully_measured / admissible / T / violations from an evaluator result."""
+def score(spec: dict, status: str, latencies: dict[str, float], ab: dict | None = None) -> dict[str, Any]:
+    """verified / fully_measured / admissible / T / violations from an evaluator result. With an A/B
+    measurement that timed the root in the same rounds, the per-workload limits use those ratios
+    (candidate / root, median over rounds) instead of the root latency measured at initialization."""
     verified = status == "ok"
     T = S.objective(spec, latencies) if verified else None
     fully = T is not None
-    viol = S.limit_violations(spec, latencies) if verified else []
+    if verified and ab and isinstance(ab.get("root_ratio"), dict):
+        rr = ab["root_ratio"]
+        viol = [w["name"] for w in spec["workloads"]
+                if w["name"] not in rr or float(rr[w["name"]]) > float(w["max_slowdown"])]
+    else:
+        viol = S.limit_violations(spec, latencies) if verified else []
     has_limits = spec.get("baseline") is not None
     admissible = verified and fully and has_limits and not viol
     return {"verified": verified, "fully_measured": fully, "admissible": admissible, "objective_us": T,
@@ -117,6 +160,7 @@ class Run:
         self.actions: dict[str, ir.Action] = {}
         self.audits: dict[str, ir.Audit] = {}
         self.decisions: dict[str, ir.LineageDecision] = {}
+        self.revocations: dict[str, ir.Revocation] = {}
         self._state: State | None = None
         self._lock_fd: int | None = None
 
@@ -214,6 +258,7 @@ class Run:
         self.actions = ir.load_all(self.root, "action")
         self.audits = ir.load_all(self.root, "audit")
         self.decisions = ir.load_all(self.root, "decision")
+        self.revocations = ir.load_all(self.root, "revocation")
 
     def _acquire_lock(self) -> None:
         os.makedirs(self.root, exist_ok=True)
@@ -486,8 +531,11 @@ class Run:
         else:
             res = evaluator.evaluate(self, iid, progress=progress)
             res = self._check_env(res)
-        sc = score(self.spec, res["status"], res["latencies_us"])
-        promoted = is_promotion(self.spec, sc, st.best_objective_us)
+        ab = (res.get("timing") or {}).get("ab")
+        sc = score(self.spec, res["status"], res["latencies_us"], ab)
+        promoted = is_promotion(self.spec, sc, st.best_objective_us, ab, st.best)
+        if isinstance(ab, dict):
+            ab["verdict"] = ab_verdict(self.spec, ab)
         audit = ir.Audit(
             id=ir.make_id("audit", step), step=step, implementation=iid, status=res["status"], stage=res["stage"],
             verified=sc["verified"], fully_measured=sc["fully_measured"], admissible=sc["admissible"],
@@ -561,6 +609,61 @@ class Run:
         self.invalidate()
         return d
 
+    def revoke(self, iid: str, *, reason: str, source: str = "user", evidence: dict[str, Any] | None = None,
+               keep_descendants: bool = False, created_by: str = "user") -> ir.Revocation:
+        """Withdraw a verdict: ``iid`` (and its offspring unless ``keep_descendants``) leaves the verified
+        set, best and frontier / archive; the best is recomputed from the remaining admissible audits."""
+        st = self.state()
+        if not reason or not reason.strip():
+            raise RunError("a revocation needs a reason (--reason)")
+        if st.phase not in ("action", "done"):
+            raise RunError(f"revoke between steps: the run expects '{self.phase()}' first")
+        if iid not in self.impls:
+            raise RunError(f"unknown implementation {iid}; the run has {sorted(self.impls, key=ir.id_number)}")
+        if iid == "I0000":
+            raise RunError("the root I0000 defines the baseline and cannot be revoked; start a new run instead")
+        if iid in st.revoked:
+            raise RunError(f"{iid} is already revoked ({st.revoked[iid]})")
+        if iid not in st.verified:
+            raise RunError(f"{iid} was never verified: there is no verdict to revoke")
+        revoked = [iid] if keep_descendants else [i for i in descendants(st.graph, iid) if i not in st.revoked]
+        n = max([ir.id_number(r) for r in self.revocations] + [0]) + 1
+        rec = ir.Revocation(id=ir.make_id("revocation", n), after_step=st.t, implementation=iid, reason=reason,
+                            source=source, evidence=dict(evidence or {}), revoked=revoked, created_by=created_by,
+                            created_at=now())
+        trial = copy.copy(self)
+        trial.revocations = {**self.revocations, rec.id: rec}
+        trial._state = None
+        try:
+            replay(trial)
+        except CorruptRun as e:
+            raise RunError(f"revocation rejected: {e}") from None
+        ir.write_record(self.root, rec)
+        self.revocations[rec.id] = rec
+        self.invalidate()
+        return rec
+
+    def reaudit(self, evaluator, iid: str, *, seed: int = 1, progress=None) -> dict[str, Any]:
+        """Evaluate a verified implementation again on another input draw (``seed``; a held-out check
+        when the seed was never used). A failure revokes it automatically."""
+        st = self.state()
+        if iid not in st.verified:
+            raise RunError(f"{iid} is not a verified implementation of this run")
+        res = evaluator.evaluate(self, iid, progress=progress, seed=seed, ab=False)
+        res = self._check_env(res)
+        os.makedirs(self.path("work", "reaudits"), exist_ok=True)
+        ir.atomic_write_json(self.path("work", "reaudits", f"{iid}.seed{seed}.json"), res)
+        out = {"implementation": iid, "seed": seed, "status": res["status"], "error": res.get("error"),
+               "revocation": None}
+        if res["status"] != "ok" and res["status"] != "infra_error" and iid != "I0000":
+            bad = [c for c in res.get("checks", []) if not c.get("passed")][:10]
+            rec = self.revoke(iid, reason=f"re-audit with seed {seed}: {res['status']}: {(res.get('error') or '')[:300]}",
+                              source="reaudit" if seed == 0 else "heldout",
+                              evidence={"status": res["status"], "stage": res["stage"], "failed_checks": bad},
+                              created_by="evaluator")
+            out["revocation"] = rec.id
+        return out
+
     def set_stopped(self, reason: str | None) -> None:
         self.meta["stopped"] = {"reason": reason, "at_step": self.state().t, "at": now()} if reason else None
         self._write_meta()
@@ -613,6 +716,7 @@ def replay(run: Run) -> State:
     st.retained.add("I0000")
     _apply_decision(run, st, d0, e0, step=0)
     st.t = 0
+    _apply_revocations(run, st, 0)
     step = 1
     while True:
         aid = ir.make_id("action", step)
@@ -645,11 +749,12 @@ def replay(run: Run) -> State:
             return st
         if audit.implementation != iid:
             raise CorruptRun(f"{audit.id} audits {audit.implementation}, expected {iid}")
-        sc = score(spec, audit.status, audit.latencies_us)
+        ab = (audit.timing or {}).get("ab")
+        sc = score(spec, audit.status, audit.latencies_us, ab)
         for k in ("verified", "fully_measured", "admissible", "objective_us"):
             if sc[k] != getattr(audit, k):
                 raise CorruptRun(f"{audit.id}: recorded {k}={getattr(audit, k)!r}, the rules give {sc[k]!r}")
-        promoted = is_promotion(spec, sc, st.best_objective_us)
+        promoted = is_promotion(spec, sc, st.best_objective_us, ab, st.best)
         if promoted != audit.promoted:
             raise CorruptRun(f"{audit.id}: recorded promoted={audit.promoted}, the rule gives {promoted}")
         if promoted:
@@ -673,6 +778,7 @@ def replay(run: Run) -> State:
         _apply_decision(run, st, d, audit, step=step)
         st.t = step
         st.open_step = None
+        _apply_revocations(run, st, step)
         step += 1
     st.phase = "action"
     st.open_step = None
@@ -722,3 +828,42 @@ def _apply_decision(run: Run, st: State, d: ir.LineageDecision, audit: ir.Audit,
     st.pending.extend(o.id for o in new)
     # opportunities whose implementations have all been abandoned can no longer be acted on
     st.pending = [o for o in st.pending if any(i in st.retained for i in run.opps[o].applies_to)]
+
+
+def descendants(graph: dict[str, list[str]], iid: str) -> list[str]:
+    """``iid`` and every implementation built (transitively) from it, in id order."""
+    out = {iid}
+    changed = True
+    while changed:
+        changed = False
+        for child, parents in graph.items():
+            if child not in out and any(p in out for p in parents):
+                out.add(child)
+                changed = True
+    return sorted(out, key=ir.id_number)
+
+
+def _apply_revocations(run: Run, st: State, step: int) -> None:
+    revs = sorted((r for r in run.revocations.values() if r.after_step == step), key=lambda r: ir.id_number(r.id))
+    for r in revs:
+        if r.implementation == "I0000":
+            raise CorruptRun(f"{r.id}: the root cannot be revoked (it defines the baseline)")
+        if not r.revoked or r.revoked[0] != r.implementation:
+            raise CorruptRun(f"{r.id}: revoked list must start with {r.implementation}")
+        for i in r.revoked:
+            if i not in st.graph:
+                raise CorruptRun(f"{r.id}: {i} does not exist at step {step}")
+            st.verified.discard(i)
+            st.retained.discard(i)
+            st.revoked[i] = r.id
+        if st.best in st.revoked:
+            # best again from the remaining admissible audits (lowest recorded objective)
+            cands = [a for a in run.audits.values() if a.step <= step and a.admissible and a.objective_us is not None
+                     and a.implementation in st.verified and a.implementation not in st.revoked]
+            a = min(cands, key=lambda a: (a.objective_us, ir.id_number(a.id)))
+            st.best, st.best_objective_us = a.implementation, a.objective_us
+        st.pending = [o for o in st.pending if any(i in st.retained for i in run.opps[o].applies_to)]
+        st.history.append({"step": step, "implementation": r.implementation, "status": "revoked", "objective_us": None,
+                           "admissible": False, "revocation": r.id, "revoked": list(r.revoked), "reason": r.reason,
+                           "best": st.best, "best_objective_us": st.best_objective_us, "kappa": st.kappa,
+                           "tokens": st.tokens})

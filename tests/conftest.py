@@ -6,7 +6,7 @@ triton at collection time, so the interpreter must be switched on (no GPU) befor
 collected; otherwise an interpreted kernel that calls ``tl.cdiv`` fails depending on test order.
 """
 
-from areal_tik_plugin._interp import ensure_interpreter_if_no_gpu
+from areal_tik_plugin.runtime.interp import ensure_interpreter_if_no_gpu
 
 ensure_interpreter_if_no_gpu()
 
@@ -19,7 +19,7 @@ def private_tik_v1(tmp_path):
     """A rehashed private copy of kernels/tik_v1 (so concurrent edits elsewhere cannot interfere)."""
     import shutil
 
-    from areal_tik_plugin import loader
+    from areal_tik_plugin.runtime import loader
 
     root = str(tmp_path / "tik_v1")
     shutil.copytree(loader.resolve_path("tik_v1"), root, ignore=shutil.ignore_patterns("__pycache__"))

@@ -209,7 +209,7 @@ def canonical_inv_freq(rotary) -> torch.Tensor:
     result in the last bit -- and then every cos/sin, hence every logit, differs from the rollout
     side, which computes the same formula on the CPU (``sglang_layers.hf_default_inv_freq``). Measured
     on the H200 before this rule: AReaL's actor vs the plain patched model, 7071 / 7104 log-probs differ
-    (max 0.10), SGLang vs the plain patched model bit-identical (docs/PERF_NOTES.md, session 11).
+    (max 0.10), SGLang vs the plain patched model bit-identical.
     """
     rtype = getattr(rotary, "rope_type", "default")
     cpu = torch.device("cpu")

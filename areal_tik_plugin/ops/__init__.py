@@ -1,6 +1,6 @@
 """Public, validated entry points of the unified ops.
 
-Every op runs the kernels of the implementation selected by :mod:`areal_tik_plugin.loader` (hash
+Every op runs the kernels of the implementation selected by :mod:`areal_tik_plugin.runtime.loader` (hash
 checked); bad input raises ``ValueError``/``TypeError`` naming the expected value; there is no
 silent fallback to another kernel.
 

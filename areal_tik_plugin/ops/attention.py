@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
+from areal_tik_plugin.runtime import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
+from areal_tik_plugin.runtime import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)

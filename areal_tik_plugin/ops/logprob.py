@@ -21,7 +21,7 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _impl():
-    from areal_tik_plugin.loader import get_implementation
+    from areal_tik_plugin.runtime.loader import get_implementation
 
     return get_implementation().module("logprob")
 

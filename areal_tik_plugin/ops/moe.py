@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
+from areal_tik_plugin.runtime import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 from areal_tik_plugin.ops.linear import linear
 

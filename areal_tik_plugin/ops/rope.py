@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
+from areal_tik_plugin.runtime import loader as _loader
 from areal_tik_plugin.ops import _validate as V
 from areal_tik_plugin.ops.kv_write import _check as _kv_check, _check_loc as _kv_check_loc
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from areal_tik_plugin import loader as _loader
-from areal_tik_plugin import native as _native
+from areal_tik_plugin.runtime import loader as _loader
+from areal_tik_plugin.runtime import native as _native
 from areal_tik_plugin.ops import _validate as V
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -106,8 +106,8 @@ def pdl_start(PDL: tl.constexpr):
 
 # Host launch path (free knob: the same compiled kernel gets the same arguments; no value can change).
 # Triton 3.6's ``jit_fn[grid](...)`` costs ~25 us of host time per launch on the H200 machine, against
-# 3.7 us for its argument binder and 5.2 us for the compiled kernel's launcher (session-16 probe,
-# scripts/host_launch_probe.py --breakdown): eager prefill and the training forward issue ~15 launches
+# 3.7 us for its argument binder and 5.2 us for the compiled kernel's launcher (H200 probe of
+# the host launch breakdown): eager prefill and the training forward issue ~15 launches
 # per layer and wait on the host. With FAST_LAUNCH, :func:`launch` binds the arguments with Triton's own
 # binder, finds the kernel under Triton's own cache key (so the very variant ``run`` would pick) and calls
 # its launcher. Anything else -- a cache miss (first call: Triton compiles), an asynchronous compile, a
@@ -137,7 +137,7 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-# Launch records for the package's native host path (areal_tik_plugin.native): while a list is pushed
+# Launch records for the package's native host path (areal_tik_plugin.runtime.native): while a list is pushed
 # here, every launch appends (fn, grid, args, kw, compiled kernel) to the last one; the native side
 # registers a plan only if it derives the same launch from the same inputs. Mutated, never reassigned.
 _RECORDS: list = []

@@ -48,7 +48,7 @@ MERGE_BLOCK_D = 32   # decode split merge: head dims per program (elementwise in
 MERGE_WARPS = 1
 # decode split merge in the last split program of each (request, kv head) (atomic ticket, no second
 # launch) instead of in _attn_decode_merge_kernel; the same merges in the same order. Measured slower
-# (session-14 H200 probe, graph replay, ctx 4096 / 8192, B 1..16: 0.89x of the merge kernel; b1/8K
+# (H200 probe, graph replay, ctx 4096 / 8192, B 1..16: 0.89x of the merge kernel; b1/8K
 # 23.8 vs 20.1 us): one program per (request, kv head) runs the whole ordered merge after its split.
 DECODE_MERGE_IN_LAST = False
 BWD_BLOCK = {"gpu": 64, "cpu": 32}

@@ -76,9 +76,8 @@ MOE_COMBINE_ORDER = "slot"
 
 # --- token log-prob --------------------------------------------------------------------------
 # The vocab reduction (max, sum of exp) is partitioned into chunks of LOGPROB_VOCAB_CHUNK columns
-# merged left to right, for every batch size. 8192 (was 4096 up to kernels 8fa1c3d): 64 logits per thread of
-# the 4-warp chunk program and half the chunks to merge. Session-22 probe (rowops_knob_probe --logprob-contract
-# LOGPROB_VOCAB_CHUNK=8192, 3 interleaved rounds, medians): without / with the entropy, T 1 / 8 / 64 / 256 (the
+# merged left to right, for every batch size. 8192: 64 logits per thread of
+# the 4-warp chunk program and half the chunks to merge. H200 probe (3 interleaved rounds, medians): without / with the entropy, T 1 / 8 / 64 / 256 (the
 # sampler's calls) x1.57 / 1.92 / 1.53 / 1.18 and x1.34 / 1.12 / 1.15 / 1.09, T 1024 / 4096 x1.03-1.08 and
 # x1.07 (share of HBM with the entropy at T 4096 0.839 -> 0.899); 2048: x0.75-0.84.
 LOGPROB_VOCAB_CHUNK = 8192
@@ -91,13 +90,12 @@ LOGPROB_CHUNK_WARPS = 4
 LOGPROB_LOAD_GROUP = 4
 # The sums run in base 2: inv = div_rn(1, T) * log2(e), s = float(x) * inv, exp2 / log2 in the chunk sums and
 # the merge, lse / logp / entropy multiplied by ln 2 at the end (logprob.py docstring). One multiply per
-# element less than exp(x) = exp2(x * log2(e)); session-18 probe: share of HBM 0.80-0.83 -> 0.89-0.91.
+# element less than exp(x) = exp2(x * log2(e)); H200 probe: share of HBM 0.80-0.83 -> 0.89-0.91.
 LOGPROB_EXP = "exp2"
-# How a chunk program forms d = s - max(s): "mul_sub" (up to kernels 7c5e960) rounds s = float(x) * inv, then
+# How a chunk program forms d = s - max(s): "mul_sub" rounds s = float(x) * inv, then
 # s - m; "fma" takes the max on float(x) (m = max(float(x)) * inv is max(s) bit for bit: rounding is monotonic and
 # inv > 0) and forms d = fma(float(x), inv, -m) in one rounding: one instruction per logit less (sm_90 SASS of the
-# chunk program: 744 -> 680 without the entropy, 960 -> 896 with it). Session-23 probe (rowops_knob_probe
-# --logprob-ab SHIFT_FMA, 3 interleaved rounds, medians): share of HBM at T 1024 / 4096 / 16384 0.889 / 0.957 /
+# chunk program: 744 -> 680 without the entropy, 960 -> 896 with it). H200 probe (3 interleaved rounds, medians): share of HBM at T 1024 / 4096 / 16384 0.889 / 0.957 /
 # 0.972 -> 0.911 / 0.973 / 0.983, with the entropy 0.802 / 0.908 / 0.927 -> 0.826 / 0.930 / 0.954; T <= 256 x0.96-1.03.
 LOGPROB_SHIFT = "fma"
 

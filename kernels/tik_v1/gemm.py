@@ -21,7 +21,7 @@ adds them in chunk order in a second kernel; large M keeps a second accumulator 
 adds each finished chunk in the same order: the same fp32 additions. So the tile configuration is
 a *free knob* chosen per problem shape, while ``GEMM_BLOCK_K`` and the split rule are the coupled
 contract. On the CPU interpreter a ``tl.dot`` of one K chunk is computed exactly (see
-``areal_tik_plugin._interp``), so the bits there depend only on the contract as well.
+``areal_tik_plugin.runtime.interp``), so the bits there depend only on the contract as well.
 
 Kernels (the same arithmetic):
 * ``_linear_ptr_kernel``: pointer loads (cp.async pipeline on sm_80/90), any 16-bit-aligned strides;
@@ -52,8 +52,8 @@ from ._rowops import launch
 # BLOCK_N on unsplit weights (SMALL_M_WARPS on split ones); stages from Little's law: about
 # SMALL_M_INFLIGHT_BYTES of weights in flight per SM at the average programs per SM, clamped to
 # [SMALL_M_MIN_STAGES, SMALL_M_MAX_STAGES] and to what one wave of programs can hold in
-# SMALL_M_SMEM_PER_SM (programs that do not fit would run as a tail wave). Session-15 H200 sweep
-# (python -m areal_tik_plugin.gpu.gemm_sweep --small-m 1,8,16,32,64 --split: 12 dense shapes of
+# SMALL_M_SMEM_PER_SM (programs that do not fit would run as a tail wave). H200 sweep
+# (python -m benchmarks.gemm_sweep --small-m 1,8,16,32,64 --split: 12 dense shapes of
 # Qwen2.5-1.5B / Qwen3-4B / Qwen3-8B / Qwen3-30B-A3B, weights streamed from HBM, 0 bit mismatches): the
 # old rule (BLOCK_N 32, 9 stages, 4 warps) left e.g. Qwen3-4B gate_up at M=1 at 38.5 us where BLOCK_N 64
 # with 5 stages took 28.3 (cuBLAS 31.6): 9 stages let only 4 of its 4.6 programs per SM be resident.
@@ -66,7 +66,7 @@ SMALL_M_TIERS = (
 )
 SMALL_M_INFLIGHT_BYTES = 49152
 # ... except with >= SMALL_M_MANY_WAVES waves of programs (lm_head: 2374 at BLOCK_N 64), where the stage
-# count per BLOCK_M is SMALL_M_MANY_WAVES_STAGES (session-15 sweep, Qwen3-4B lm_head: M=1 182.8 us at 12
+# count per BLOCK_M is SMALL_M_MANY_WAVES_STAGES (H200 sweep, Qwen3-4B lm_head: M=1 182.8 us at 12
 # stages vs 193.6 at 4, M=64 197.9 at 4 vs 213.7 at 8; cuBLAS 188.4 / 200.2)
 SMALL_M_MANY_WAVES = 8
 SMALL_M_MANY_WAVES_STAGES = ((16, 12), (32, 4), (64, 4))
@@ -88,13 +88,13 @@ LARGE_M_TILES = (
     (64, 256, 4, 4, 1, 0.98),
 )
 # Unsplit weights at large M run the chosen tile on the persistent TMA kernel (one program per SM
-# striding over the tiles; session-14 sweep `gemm_sweep --persistent`, M 1024 / 4096 over the four
+# striding over the tiles; H200 sweep `gemm_sweep --persistent`, M 1024 / 4096 over the four
 # unsplit shapes: geomean vs cuBLAS 0.825 -> 0.861 and 0.909 -> 0.984 for 128x128 on one warpgroup).
 LARGE_M_PERSISTENT = True
 # Large M on a split weight (split_chunk < K) keeps two fp32 accumulators (chunk partial + running
 # sum), on the non-persistent kernel (persistent lost 15-60% there: the flat loop's second
 # accumulator spills). Candidates (BLOCK_M, BLOCK_N, num_warps, num_stages, programs per SM, relative
-# speed) chosen by the same wave model as LARGE_M_TILES: session-14 sweep over the eight split shapes
+# speed) chosen by the same wave model as LARGE_M_TILES: H200 sweep over the eight split shapes
 # at M 1024 / 4096, two warpgroups, 128x128 with 5 stages or 128x256 with 4; the model picks the
 # measured faster of the two on all 16 (shape, M) points (geomean vs cuBLAS 0.793 -> 0.90 at M=1024
 # and 0.859 -> 0.884 at 4096 when each point takes its faster one).
@@ -107,8 +107,7 @@ LARGE_M_SPLIT_TILES = (
 # decode-sized kernels run instead, over several row tiles: unsplit weights with 64-row tiles at the widest
 # BLOCK_N of MID_M_BLOCK_N that still gives that many programs (else the narrowest; TMA from
 # SMALL_M_TMA_MIN_BLOCK_N), split weights on the chunk-partial path (tiles x chunks programs) with the first
-# (BLOCK_M, BLOCK_N, warps) of MID_M_SPLIT_TILES that does (else the last: the most programs). Session-20 H200 probe (scripts/gemm_mid_m_probe.py,
-# 11 shapes x M 128 / 256 / 512 / 1024, weights streamed, 0 bit mismatches): the large tile had a floor of
+# (BLOCK_M, BLOCK_N, warps) of MID_M_SPLIT_TILES that does (else the last: the most programs). H200 probe (11 shapes x M 128 / 256 / 512 / 1024, weights streamed, 0 bit mismatches): the large tile had a floor of
 # ~10 us on small unsplit weights (Qwen2.5-1.5B o M=128: 10.4 vs 5.8 at 64 x 32; cuBLAS 5.9) and of one
 # program's whole K on split ones (Qwen3-4B down M=128: 49.5 vs 28.4 partial 128 x 128; cuBLAS 22.1); the
 # tile-count threshold 0.6 x SMs separates the points where the large tile won (80+ tiles) from those where
@@ -125,7 +124,7 @@ MID_M_SPLIT_TILES = ((128, 128, 8), (128, 64, 4), (64, 64, 4))
 # (no workspace; sweep: Qwen3-8B gate_up M=1 51.6 us vs 54.2 partial); and from M >=
 # SPLIT_FUSED_NARROW_MIN_M the narrow ones too, at BLOCK_N SPLIT_FUSED_NARROW_BLOCK_N. Off (65) since the
 # partial kernel's chunk loop got a fixed trip count (SPLIT_PARTIAL_FIXED_TRIPS: its 64-row wgmma is no
-# longer serialized): session-20 H200 probe (scripts/gemm_m64_probe.py, weights streamed, 3 rounds, us at
+# longer serialized): H200 probe (weights streamed, 3 rounds, us at
 # M=64, fused flat n32 -> partial n32): Qwen3-4B o 13.2 -> 12.5, Qwen3-30B-A3B o 12.6 -> 8.8, Qwen3-8B o
 # 13.5 -> 13.7 (cuBLAS 10.0 / 10.2 / 12.4). Before that knob the fused flat path won at M=64 (sweep:
 # Qwen3-4B o 12.7 vs 13.7 partial, Qwen3-8B o 13.4 vs 14.2).
@@ -257,7 +256,7 @@ def _chunk_chain_fixed(x_row, w_row, m_ok, offs_k, k_lo, k_hi,
     bytes). A dot of zero tiles adds exact zeros to the chain, which changes at most the sign of an
     exactly-zero partial, and the ordered chunk sum ``(0 + part_0) + ...`` and ``acc + 0.0`` make that sign
     +0 on every path: the same bits. Why: with a runtime trip count ptxas serializes the chain's wgmma (warning
-    C7515, each wgmma waited for before the next is issued; scripts/compile_gemm_moe_sm90.py reports it)."""
+    C7515, each wgmma waited for before the next is issued; benchmarks/compile_gemm_moe_sm90.py reports it)."""
     part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     xp = x_row + k_lo + offs_k[None, :]
     wp = w_row + k_lo + offs_k[None, :]

@@ -49,7 +49,7 @@ KNOBS = {
              "SELECT_FREE": (False, True), "FUSED_SUMS": (False, True), "FULL_UNMASKED": (False, True)},
 }
 # base-2 sums (see the module docstring; contract LOGPROB_EXP): coupled, changes the bits of every row on
-# every path at once. Session-18 probe (rowops_knob_probe-tik_v1-0e693b94a885, 3 interleaved rounds, medians):
+# every path at once. H200 probe (3 interleaved rounds, medians):
 # share of HBM at T 1024 / 4096 / 16384 0.730 / 0.827 / 0.804 -> 0.806 / 0.907 / 0.888 (with the entropy 0.59-0.65
 # -> 0.70-0.78); logp max |err| vs fp64 2.3-2.7e-6 -> 3.6-3.8e-6.
 EXP2 = C.LOGPROB_EXP == "exp2"
@@ -57,14 +57,14 @@ EXP2 = C.LOGPROB_EXP == "exp2"
 # Under the Triton interpreter (whose tl.fma rounds twice) the fma is formed in fp64 (the product is exact there)
 # and rounded to fp32: the CPU's bits are the GPU's except where that second rounding meets a tie.
 SHIFT_FMA = C.LOGPROB_SHIFT == "fma"
-# the entropy sum without the per-element select (free knob; see _logprob_partial_kernel). Session-19 probe
-# (rowops_knob_probe-logprob-select_free-tik_v1-a1fcbe3429f5, 3 interleaved rounds, medians), share of HBM
+# the entropy sum without the per-element select (free knob; see _logprob_partial_kernel). H200 probe
+# (3 interleaved rounds, medians), share of HBM
 # with the entropy at T 1024 / 4096 / 16384: 0.716 / 0.795 / 0.777 -> 0.740 / 0.821 / 0.780 (x1.03 / 1.03 /
 # 1.00); the path without the entropy does not read it (x0.97-1.00, the spread of the rounds); same bits.
 SELECT_FREE = True
 MERGE_ROWS = 128
 # the partial kernel reads each logit once: ask the L2 to evict those lines first (a cache hint; no value
-# changes). Session-18 probe (rowops_knob_probe-tik_v1-97a53e81bbca, no entropy, MERGE_ROWS 128): share of
+# changes). H200 probe (no entropy, MERGE_ROWS 128): share of
 # HBM at T 1024 / 4096 / 16384 0.701 / 0.832 / 0.855 -> 0.742 / 0.840 / 0.867.
 EVICT_FIRST = True
 BWD_WARPS = 4
@@ -72,14 +72,13 @@ BWD_WARPS = 4
 # shared-memory pass, 8 -> 5 barriers per program on sm_90) instead of two tl.sum. Free knob on the GPU: each
 # operand gets tl.sum's tree (the GPU suite flips it and compares bits). Compiled kernels only: the Triton
 # interpreter runs a two-operand reduce ~60x slower than tl.sum and in another order, so under it forward()
-# keeps the two tl.sum (tests/test_ops_logprob.py runs the fused kernel directly once). Session-22 probe (rowops_knob_probe-logprob-FUSED_SUMS-tik_v1-
-# 52cebca21e4d, 4 interleaved rounds, medians), share of HBM with the entropy at T 1024 / 4096 / 16384: 0.744 /
+# keeps the two tl.sum (tests/ops/test_ops_logprob.py runs the fused kernel directly once). H200 probe (4 interleaved rounds, medians), share of HBM with the entropy at T 1024 / 4096 / 16384: 0.744 /
 # 0.828 / 0.808 -> 0.761 / 0.850 / 0.828; without the entropy (not used there) x0.99-1.00; bits equal.
 FUSED_SUMS = True
 # every whole chunk (all but a partial last one) loads without the mask and its -inf fill: a free knob (the
 # loaded values are the same), ~64 fewer instructions per program on sm_90 (masked-load predicates and fill
-# moves). Session-22 probe on the mul-sub kernels (4096-column chunks): x0.99-1.00. Session-24 probe on the
-# fma form (rowops_knob_probe-logprob-FULL_UNMASKED-tik_v1-179ae67469a3, 3 interleaved rounds, medians), share
+# moves). H200 probe on the mul-sub kernels (4096-column chunks): x0.99-1.00. H200 probe on the
+# fma form (3 interleaved rounds, medians), share
 # of HBM with the entropy at T 1024 / 4096 / 16384: 0.834 / 0.926 / 0.907 -> 0.863 / 0.951 / 0.941 (x1.035 /
 # 1.027 / 1.038); without the entropy x1.00; same bits.
 FULL_UNMASKED = True

@@ -32,15 +32,15 @@ WARPS = 4
 # of one per (token, head block): fewer, evenly sized programs (Qwen2.5-1.5B's 12 / 2 heads left half
 # of the per-token programs rotating 2 heads). BLOCK_T = largest power of two with
 # BLOCK_T * (pow2(Hq) + pow2(Hkv)) * pow2(R/2) <= TOKEN_TILE_ELEMS. Used from TOKEN_TILES_MIN_T tokens
-# (session-14 H200 probe, graph replay: T 4096 / 16384 faster on every model, Qwen2.5-1.5B 22.5 -> 9.6
+# (H200 probe, graph replay: T 4096 / 16384 faster on every model, Qwen2.5-1.5B 22.5 -> 9.6
 # and 84.1 -> 38.2 us, HBM share at T >= 4096 0.52 -> 0.75; T 1 / 256 0.1-1.1 us slower).
-# Session-16 probe (scripts/rowops_knob_probe.py, inputs streamed from HBM): TOKEN_TILE_ELEMS 2048
+# H200 probe (inputs streamed from HBM): TOKEN_TILE_ELEMS 2048
 # against 8192 at TOKEN_WARPS 2, HBM share at T 4096 / 16384: Qwen2.5-1.5B 0.719 / 0.737 -> 0.713 / 0.759,
 # Qwen3-4B 0.755 / 0.864 -> 0.763 / 0.882, Qwen3-30B-A3B 0.717 / 0.836 -> 0.757 / 0.850.
 # Token tiles over a head count that is not a power of two (Qwen2.5-1.5B: 12 q heads): HEAD_GROUPS rotates
 # the heads in groups of the largest power of two dividing the count (12 -> 3 x 4) instead of one tile
 # padded to the next power of two (12 -> 16, a quarter of the lanes masked); the tile budget
-# TOKEN_TILE_ELEMS then counts real heads. Session-18 probe (rowops_knob_probe-tik_v1-97a53e81bbca):
+# TOKEN_TILE_ELEMS then counts real heads. H200 probe:
 # Qwen2.5-1.5B at T 4096 / 16384, default (2048, padded) 0.713 / 0.736 of HBM -> 4096 with head groups
 # 0.752 / 0.756 (2048 with head groups: 0.567 / 0.631, one token per program); Qwen3-4B and Qwen3-30B-A3B
 # (power-of-two heads, groups change nothing) 2048 vs 4096 within +-2%, the spread of repeated configs.
@@ -51,8 +51,8 @@ TOKEN_WARPS = 2
 HEAD_GROUPS = True
 # forward_kv_write (SGLang's fused RoPE + set_kv_buffer; the rollout prefill of tik verify and the layer
 # bench) on the token-tile kernel from TOKEN_TILES_MIN_T tokens, the rotated k rows and the v rows written
-# to their pool slots by the same program (free knob; off: one program per (token, head block)). Session-19
-# probe (rowops_knob_probe-rope_kv-tik_v1-a1fcbe3429f5, q / k / v views of a fused QKV, 2^18-slot pool),
+# to their pool slots by the same program (free knob; off: one program per (token, head block)). H200
+# probe (q / k / v views of a fused QKV, 2^18-slot pool),
 # share of HBM at T 4096 / 16384, head blocks -> token tiles (TOKEN_TILE_ELEMS 4096): Qwen2.5-1.5B 0.316 /
 # 0.335 -> 0.743 / 0.760, Qwen3-4B 0.698 / 0.769 -> 0.746 / 0.870, Qwen3-30B-A3B 0.616 / 0.645 -> 0.707 /
 # 0.770; same bits.

@@ -28,7 +28,7 @@ class Context:
         self.impl = impl
         self.spec = spec
         self.device = device
-        self.rec = rec                      # areal_tik_plugin.gpu.suite.Recorder
+        self.rec = rec                      # areal_tik_plugin.contract.suite.Recorder
         self.calls: Counter = Counter()
         self._wrapped: dict[str, Callable] = {}
 

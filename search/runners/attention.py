@@ -116,7 +116,8 @@ def compile(ctx) -> dict:
 def bitwise_suite(ctx, suite: dict) -> None:
     name = suite["suite"]
     fn = {"prefix_decode": _prefix_decode, "extend_chunks": _extend_chunks, "packed_vs_separate": _packed,
-          "batched_decode": _batched_decode, "graph_replay": _graph_replay}.get(name)
+          "batched_decode": _batched_decode, "graph_replay": _graph_replay,
+          "contract_decode": _contract_decode}.get(name)
     if fn is None:
         raise ValueError(f"attention runner: unknown bitwise suite {name!r}")
     torch.manual_seed(int(suite.get("seed", 0)))
@@ -137,6 +138,42 @@ def _prefix_decode(ctx, s):
         sl = torch.arange(P + 1, L + 1, dtype=torch.int32, device=_dev(ctx))
         dec = _decode(ctx, q[P:].contiguous(), kp, vp, sl, table, rows, page_size=int(ps))
         ctx.rec.bitwise(f"decode_rows[P={P},A={A},page={ps}]", full[P:], dec)
+
+
+def contract_positions(contract, prefix: str = "ATTN_", max_ctx: int | None = None) -> dict[str, list[int]]:
+    """Decode contexts at every boundary of the candidate's coupled integer constants (``COUPLED`` keys
+    with ``prefix``, current values read from its contract): v - 1, v, v + 1 and 2 v + 1, so every tile
+    and split boundary a coupled constant defines is crossed by a decode row. A new coupled constant is
+    covered as soon as the contract lists it."""
+    out = {}
+    for name in sorted(getattr(contract, "COUPLED", {}) or {}):
+        v = getattr(contract, name, None)
+        if not name.startswith(prefix) or isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            continue
+        ps = sorted({p for p in (v - 1, v, v + 1, 2 * v + 1) if p >= 1 and (max_ctx is None or p <= max_ctx)})
+        if ps:
+            out[f"{name}={v}"] = ps
+    return out
+
+
+def _contract_decode(ctx, s):
+    """prefill(x) row p-1 == one-token decode at context p, for every p of :func:`contract_positions`."""
+    Hq, Hkv, D, _ = _m(ctx)
+    per = contract_positions(ctx.impl.contract, s.get("prefix", "ATTN_"), s.get("max_ctx"))
+    if not per:
+        raise ValueError(f"contract_decode: the contract has no coupled integer constant starting with "
+                         f"{s.get('prefix', 'ATTN_')!r}")
+    pos = sorted({p for ps in per.values() for p in ps})
+    L = max(pos)
+    q, k, v = _rand(ctx, L, Hq, D), _rand(ctx, L, Hkv, D), _rand(ctx, L, Hkv, D)
+    full = _prefill(ctx, q, k, v, [L])
+    idx = torch.tensor([p - 1 for p in pos], device=_dev(ctx))
+    for ps in s.get("page_sizes", [1]):
+        kp, vp, table, _ = _pool(ctx, [k], [v], page_size=int(ps))
+        rows = torch.zeros(len(pos), dtype=torch.int32, device=_dev(ctx))
+        sl = torch.tensor(pos, dtype=torch.int32, device=_dev(ctx))
+        dec = _decode(ctx, q[idx].contiguous(), kp, vp, sl, table, rows, page_size=int(ps))
+        ctx.rec.bitwise(f"contract_decode[{','.join(per)};ctx={pos};page={ps}]", full[idx], dec)
 
 
 def _extend_chunks(ctx, s):
@@ -285,17 +322,26 @@ def accuracy_case(ctx, case: dict) -> None:
 # ------------------------------------------------------------------------------------------------
 # workloads
 # ------------------------------------------------------------------------------------------------
-def workload(ctx, w: dict):
+def _build(ctx, w: dict, seed: int | None = None):
+    """Inputs of workload ``w`` (seeded by its name, plus ``seed`` for a fresh draw) -> (call, reference)
+    where ``reference(out)`` yields (rows of out, fp32 reference rows) for a sample of requests."""
     Hq, Hkv, D, _ = _m(ctx)
     sh = w["shape"]
-    torch.manual_seed(zlib.crc32(w["name"].encode()))
+    torch.manual_seed(zlib.crc32(w["name"].encode()) + (0 if seed is None else 7919 * (seed + 1)))
+    scale = _scale(ctx)
     if w["entry"] in ("attention.prefill",):
         B, L = int(sh["batch"]), int(sh["seqlen"])
         q, k, v = _rand(ctx, B * L, Hq, D), _rand(ctx, B * L, Hkv, D), _rand(ctx, B * L, Hkv, D)
         cu = _cu(ctx, [L] * B)
         f = ctx.entry("attention.prefill")
-        scale = _scale(ctx)
-        return lambda: f(q, k, v, cu, L, scale)
+
+        def ref(out):
+            rs = sorted({0, B - 1})
+            return (torch.cat([out[r * L:(r + 1) * L] for r in rs]),
+                    torch.cat([_reference(q[r * L:(r + 1) * L], k[r * L:(r + 1) * L], v[r * L:(r + 1) * L], [L], scale)
+                               for r in rs]))
+
+        return (lambda: f(q, k, v, cu, L, scale)), ref
     if w["entry"] == "attention.decode":
         B = int(sh["batch"])
         if "ctx" in sh:
@@ -317,8 +363,19 @@ def workload(ctx, w: dict):
         q = _rand(ctx, B, Hq, D)
         out = torch.empty_like(q)
         f = ctx.entry("attention.decode")
-        scale = _scale(ctx)
-        return lambda: f(q, k_pool, v_pool, sl, table, rows, scale, 1, width, out=out)
+
+        def ref(o):
+            rs = sorted({0, B // 2, B - 1})
+            refs = []
+            for r in rs:
+                n = lens[r]
+                idx = table[r, :n].long()
+                qq = torch.zeros(n, Hq, D, device=q.device, dtype=q.dtype)
+                qq[-1] = q[r]
+                refs.append(_reference(qq, k_pool[idx], v_pool[idx], [n], scale)[-1:])
+            return torch.cat([o[r:r + 1] for r in rs]), torch.cat(refs)
+
+        return (lambda: f(q, k_pool, v_pool, sl, table, rows, scale, 1, width, out=out)), ref
     if w["entry"] == "attention.extend":
         B, P, C = int(sh["batch"]), int(sh["prefix"]), int(sh["chunk"])
         L = P + C
@@ -330,6 +387,34 @@ def workload(ctx, w: dict):
         cu = _cu(ctx, [C] * B)
         pre = torch.full((B,), P, dtype=torch.int32, device=_dev(ctx))
         f = ctx.entry("attention.extend")
-        scale = _scale(ctx)
-        return lambda: f(q, k_pool, v_pool, cu, pre, table, rows, C, scale, 1)
+
+        def ref(o):
+            rs = sorted({0, B - 1})
+            refs = []
+            for r in rs:
+                idx = table[r].long()
+                qq = torch.zeros(L, Hq, D, device=q.device, dtype=q.dtype)
+                qq[P:] = q[r * C:(r + 1) * C]
+                refs.append(_reference(qq, k_pool[idx], v_pool[idx], [L], scale)[P:])
+            return torch.cat([o[r * C:(r + 1) * C] for r in rs]), torch.cat(refs)
+
+        return (lambda: f(q, k_pool, v_pool, cu, pre, table, rows, C, scale, 1)), ref
     raise ValueError(f"attention runner: unknown entry {w['entry']!r}")
+
+
+def workload(ctx, w: dict):
+    return _build(ctx, w)[0]
+
+
+def workload_case(ctx, w: dict, seed: int):
+    """Fresh inputs of ``w``'s shape per ``seed`` and a check of the timed call's output: sampled
+    requests (first, middle, last) against the fp32 math reference under the spec's accuracy tolerance."""
+    call, ref = _build(ctx, w, seed)
+    acc = [c for c in ctx.spec.get("accuracy", []) if c.get("suite") == "varlen_vs_fp32"]
+    atol, rtol = (float(acc[0]["atol"]), float(acc[0]["rtol"])) if acc else (0.02, 0.02)
+
+    def check(out):
+        got, want = ref(out)
+        ctx.rec.close(f"timed[{w['name']}][seed={seed}]:vs_fp32", got, want, atol=atol, rtol=rtol)
+
+    return call, check

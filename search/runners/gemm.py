@@ -290,14 +290,14 @@ def accuracy_case(ctx, case: dict) -> None:
 # ------------------------------------------------------------------------------------------------
 # workloads
 # ------------------------------------------------------------------------------------------------
-def workload(ctx, w: dict):
+def _build(ctx, w: dict, seed: int | None = None):
     if w["entry"] != ENTRY:
         raise ValueError(f"gemm runner: unknown entry {w['entry']!r}; expected {ENTRY!r}")
     sh = w["shape"]
     where = f"workloads[{w['name']}].shape"
     M, (N, K, bias) = _int(sh, "M", where), _nk(sh, where)
     dt = _dtype(ctx, sh)
-    g = _gen(ctx, zlib.crc32(w["name"].encode()))
+    g = _gen(ctx, zlib.crc32(w["name"].encode()) + (0 if seed is None else 7919 * (seed + 1)))
     if ctx.device == "cuda":
         n = sh.get("weight_copies", max(1, min(MAX_COPIES, STREAM_BYTES // (N * K * torch.finfo(dt).bits // 8))))
     else:
@@ -314,4 +314,25 @@ def workload(ctx, w: dict):
         nxt[0] = (i + 1) % n
         return f(x, ws[i], b, None, out)
 
-    return run
+    def ref():  # the weight copy of the last call
+        r = x.double() @ ws[(nxt[0] - 1) % n].double().t()
+        return r + b.double() if b is not None else r
+
+    return run, ref
+
+
+def workload(ctx, w: dict):
+    return _build(ctx, w)[0]
+
+
+def workload_case(ctx, w: dict, seed: int):
+    """Fresh operands of ``w``'s shape per ``seed``; the timed call's output against fp64 under the
+    spec's first ``vs_fp64`` tolerance."""
+    call, ref = _build(ctx, w, seed)
+    acc = [c for c in ctx.spec.get("accuracy", []) if c.get("suite") == "vs_fp64"]
+    atol, rtol = (float(acc[0]["atol"]), float(acc[0]["rtol"])) if acc else (0.01, 0.01)
+
+    def check(out):
+        ctx.rec.close(f"timed[{w['name']}][seed={seed}]:vs_fp64", out, ref(), atol=atol, rtol=rtol)
+
+    return call, check

@@ -4,6 +4,8 @@ of the search on a machine without a GPU."""
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 
@@ -86,4 +88,46 @@ def workload(ctx, w: dict):
         c = torch.full((B,), S)
         fn = ctx.entry("toy.step")
         return lambda: fn(q, k, v, c)
+    raise ValueError(f"toy runner: unknown entry {w['entry']!r}")
+
+
+def _timed_tolerance(ctx) -> tuple[float, float]:
+    acc = [c for c in ctx.spec.get("accuracy", []) if c.get("suite") == "vs_fp64"]
+    return (float(acc[0]["atol"]), float(acc[0]["rtol"])) if acc else (1e-5, 1e-4)
+
+
+def workload_case(ctx, w: dict, seed: int):
+    """Fresh inputs of workload ``w``'s shape (a new draw per ``seed``) and a check of the output that
+    the timed call produced: every row against the fp64 reference, and one row bit for bit against the
+    other entry point at the same context (so a shape-specialised path must keep the contract too)."""
+    g = torch.Generator().manual_seed(1_000_003 * (seed + 1) + zlib.crc32(w["name"].encode()))
+    D = _dim(ctx)
+    sh = w["shape"]
+    atol, rtol = _timed_tolerance(ctx)
+    tag = f"timed[{w['name']}][seed={seed}]"
+    full, step = ctx.entry("toy.full"), ctx.entry("toy.step")
+    if w["entry"] == "toy.full":
+        T = int(sh["T"])
+        q, k, v = _bf(g, T, D), _bf(g, T, D), _bf(g, T, D)
+
+        def check(out):
+            if not ctx.rec.close(f"{tag}:vs_fp64", out, _reference(q, k, v), atol=atol, rtol=rtol):
+                return
+            last = step(q[T - 1:], k[None], v[None], torch.tensor([T]))
+            ctx.rec.bitwise(f"{tag}:last_row_vs_step", out[T - 1:], last)
+
+        return (lambda: full(q, k, v)), check
+    if w["entry"] == "toy.step":
+        B, S = int(sh["batch"]), int(sh["ctx"])
+        q, k, v = _bf(g, B, D), _bf(g, B, S, D), _bf(g, B, S, D)
+        c = torch.full((B,), S)
+
+        def check(out):
+            ref = torch.stack([_reference(torch.cat([k[b, :S - 1], q[b:b + 1]]), k[b], v[b])[-1] for b in range(B)])
+            if not ctx.rec.close(f"{tag}:vs_fp64", out, ref, atol=atol, rtol=rtol):
+                return
+            one = step(q[:1], k[:1], v[:1], c[:1])
+            ctx.rec.bitwise(f"{tag}:row0_vs_single", out[:1], one)
+
+        return (lambda: step(q, k, v, c)), check
     raise ValueError(f"toy runner: unknown entry {w['entry']!r}")

@@ -1,7 +1,7 @@
 """The order of imports does not matter on the CPU: importing triton (or doing meta-tensor arithmetic,
 which makes torch import it) before the plugin used to leave Triton's own helpers (``tl.cdiv``,
 ``tl.max``...) compiled-mode, and every later interpreted kernel call failed with "Cannot call
-@triton.jit'd outside of the scope of a kernel" (see ``areal_tik_plugin._interp``). Each order runs in
+@triton.jit'd outside of the scope of a kernel" (see ``areal_tik_plugin.runtime.interp``). Each order runs in
 a fresh interpreter (the switch happens once per process); the results are compared bit for bit."""
 
 from __future__ import annotations

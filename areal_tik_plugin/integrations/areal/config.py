@@ -71,6 +71,10 @@ class TikConfig:
     stats_jsonl: str = ""
     # testing: perturb one rollout log-prob by one ulp at this train step (-1 = never)
     plant_drift_step: int = -1
+    # kernel implementation: a name under kernels/ or a folder (e.g. a `tik search export`); "" = default
+    implementation: str = ""
+    # set by apply() from actor.backend: which engine's hooks the workers install (fsdp | megatron)
+    actor_engine: str = "fsdp"
 
     def __post_init__(self):
         self._check_types()
@@ -82,6 +86,8 @@ class TikConfig:
             raise TikConfigError(
                 f"tik.monitor_every >= 0 and tik.monitor_samples >= 1 expected, got "
                 f"{self.monitor_every} / {self.monitor_samples}")
+        if self.actor_engine not in ("fsdp", "megatron"):
+            raise TikConfigError(f"tik.actor_engine: expected fsdp|megatron, got {self.actor_engine!r}")
         if self.sglang_device not in ("auto", "cuda", "cpu"):
             raise TikConfigError(f"tik.sglang_device: expected auto|cuda|cpu, got {self.sglang_device!r}")
         if isinstance(self.verified_rollout_tp, int):
@@ -90,6 +96,21 @@ class TikConfig:
             raise TikConfigError(f"tik.verified_rollout_tp: expected tensor-parallel sizes >= 1, got {self.verified_rollout_tp}")
         if isinstance(self.sglang_extra_args, str):
             self.sglang_extra_args = self.sglang_extra_args.split()
+        if self.implementation:
+            from areal_tik_plugin.runtime import loader
+
+            try:  # resolves, checks the manifest hash and (search exports) the evidence for this device
+                self.implementation = loader.load_implementation(loader.resolve_path(str(self.implementation))).path
+            except loader.ImplementationError as e:
+                raise TikConfigError(f"tik.implementation: {e}") from None
+
+    def select_implementation(self) -> None:
+        """Make ``tik.implementation`` the kernels of this process and of the processes it starts."""
+        if self.implementation:
+            from areal_tik_plugin.runtime import loader
+
+            os.environ["TIK_IMPLEMENTATION"] = self.implementation
+            loader.set_implementation(self.implementation)
 
     def _check_types(self) -> None:
         """Each option has the type of its default (YAML ``true``/``1``/``x`` are told apart), so a typo
@@ -201,7 +222,8 @@ def split_tik_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 def parse_backend(spec: str) -> tuple[str, dict[str, int]]:
     """``"sglang:d4p1t2"`` -> ("sglang", {"d": 4, "p": 1, "t": 2}); bare dims -> backend ""."""
     spec = (spec or "").strip()
-    name, _, dims = spec.rpartition(":")
+    # the name ends at the first ':' (a hybrid "megatron:(attn:...|ffn:...)" has more)
+    name, _, dims = spec.partition(":") if ":" in spec else ("", "", spec)
     out = {k: int(v) for k, v in re.findall(r"([a-z])(\d+)", dims)}
     return name, out
 
@@ -262,9 +284,14 @@ def check(cfg, tik: TikConfig, model_type: str | None = None) -> None:
     aname, _ = parse_backend(getattr(a, "backend", "") or "")
     if rname and rname != "sglang":
         errs.append(f"rollout.backend {cfg.rollout.backend!r}: the plugin's rollout side is SGLang only")
-    if aname and aname != "fsdp":
-        errs.append(f"actor.backend {a.backend!r}: the plugin patches the FSDP engine only "
-                    f"(Megatron integration not available)")
+    if aname and aname not in ("fsdp", "megatron"):
+        errs.append(f"actor.backend {a.backend!r}: the plugin patches the FSDP and Megatron engines only")
+    # -- Megatron actor: the settings its spec keeps bit-identical (integrations/megatron/areal.py)
+    if aname == "megatron":
+        from areal_tik_plugin.integrations.megatron.areal import check_actor
+
+        errs.extend(check_actor(cfg))
+    # -- end Megatron
     t_roll = 1.0 if getattr(g, "greedy", False) else float(g.temperature)
     if t_roll != float(a.temperature):
         errs.append(f"temperature differs between rollout and training: gconfig "
@@ -363,6 +390,8 @@ def apply(cfg, p: Plan, tik: TikConfig) -> None:
     for key, (_, new) in p.changes.items():
         section, name = key.split(".", 1)
         setattr(getattr(cfg, section), name, new)
+    # -- the workers install the engine-specific hooks of actor.backend (fsdp or megatron)
+    tik.actor_engine = parse_backend(getattr(cfg.actor, "backend", "") or "")[0] or "fsdp"
     env = tik.to_env()
     for spec in iter_scheduling_specs(cfg):
         spec.env_vars = dict(spec.env_vars or {})

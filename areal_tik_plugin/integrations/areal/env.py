@@ -5,30 +5,26 @@ from __future__ import annotations
 import importlib.util
 import os
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def areal_stub_path() -> str | None:
-    """The swanlab/trackio stub folder, when either real package is absent (else None)."""
+    """The swanlab/trackio stub folder (``devenv/areal_cpu_stubs``, source checkout only), when either
+    real package is absent (else None)."""
+    from areal_tik_plugin.runtime.source_checkout import devenv_dir
+
     if importlib.util.find_spec("swanlab") is None or importlib.util.find_spec("trackio") is None:
-        return os.path.join(_HERE, "_cpu_stubs")
+        return devenv_dir("areal_cpu_stubs")
     return None
 
 
 def cpu_stub_paths() -> list[str]:
     """Folders to put on PYTHONPATH so AReaL 1.0.4 and SGLang import on a CPU machine: only
     where the real packages (swanlab, trackio; torchvision, vllm) are absent."""
-    paths = [p for p in [areal_stub_path()] if p]
-    try:
-        from areal_tik_plugin.integrations import sglang_env
+    from areal_tik_plugin.runtime.source_checkout import devenv_dir
 
-        p = sglang_env.cpu_stub_path()
-        if p:
-            paths.append(p)
-    except Exception:  # noqa: BLE001 -- the SGLang integration's helper is optional here
-        sg = os.path.join(os.path.dirname(_HERE), "_cpu_stubs")
-        if os.path.isdir(sg) and importlib.util.find_spec("torchvision") is None:
-            paths.append(sg)
+    paths = [p for p in [areal_stub_path()] if p]
+    sg = devenv_dir("cpu_stubs")
+    if sg and importlib.util.find_spec("torchvision") is None:
+        paths.append(sg)
     return paths
 
 

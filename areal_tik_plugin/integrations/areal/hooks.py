@@ -6,6 +6,9 @@ Worker side (:func:`install_worker`):
     transformers integration) and AReaL's ``gather_logprobs`` / ``gather_logprobs_entropy`` --
     imported *by name* into ``areal.engine.fsdp_engine`` -- are replaced by the plugin's;
   * ``FSDPPPOActor.compute_advantages``: the runtime mismatch monitor and its fallback;
+  * Megatron engine (``tik.actor_engine == "megatron"``, set from ``actor.backend``): the plugin's
+    spec through mbridge, the log-prob helpers and the monitor
+    (:mod:`areal_tik_plugin.integrations.megatron.areal`);
   * SGLang backend: a distinct ``sampling_seed`` per request, and ``launch_server`` building the
     SGLang command itself (AReaL 1.0.4's launcher targets SGLang 0.5.10).
 Controller side (:func:`install_controller`): throughput, per-phase times and the JSONL stats log
@@ -52,12 +55,28 @@ def replace_everywhere(orig, new, prefix: str = "areal") -> int:
 # -- worker side ---------------------------------------------------------------------------------
 def install_worker(tik: TikConfig, plan: Plan | None = None) -> None:
     _STATE["tik"], _STATE["plan"] = tik, plan or _STATE["plan"]
+    tik.select_implementation()
     if tik.local_host:
         _pin_local_host()
     _patch_sglang_backend(tik)
+    if tik.actor_engine == "megatron":
+        _patch_megatron(tik)
+        return
     _patch_actor(tik)
     if tik.enable:
         _patch_fsdp_engine(tik)
+
+
+# -- Megatron engine (integrations/megatron/areal.py holds the patches) ---------------------------
+def _patch_megatron(tik: TikConfig) -> None:
+    from areal_tik_plugin.integrations.megatron import areal as MA
+
+    monitor = lambda engine, data: _monitor_step(engine, data, tik)  # noqa: E731
+    if tik.enable:
+        _say(MA.install(tik, monitor, replace_everywhere))
+    else:  # baseline: stock spec and log-probs, the monitor only observes
+        MA.patch_engine_monitor_only(monitor)
+# -- end Megatron
 
 
 def _pin_local_host() -> None:
@@ -205,6 +224,7 @@ class _Throughput:
 def install_controller(tik: TikConfig, plan: Plan | None, meta: dict | None = None) -> None:
     _STATE["tik"], _STATE["plan"] = tik, plan
     _STATE["meta"] = meta or {}
+    tik.select_implementation()  # SGLang servers the controller starts inherit TIK_IMPLEMENTATION
     if tik.local_host:
         _pin_local_host()
     if "controller" in _DONE:

@@ -6,10 +6,10 @@ arguments for SGLang 0.5.10; with the installed SGLang (0.5.23) its wrapper brea
 (``run_scheduler_process`` changed) and five of its keys are unknown. The plugin instead runs
 ``python -m sglang.launch_server`` (the ``tik`` plugin is loaded by SGLang's ``sglang.srt.plugins``
 entry point in every SGLang process) -- or, for an SGLang without a plugin system,
-``python -m areal_tik_plugin.integrations.sglang_launch`` -- and passes only the arguments the
+``python -m areal_tik_plugin.integrations.sglang.launch`` -- and passes only the arguments the
 installed ``ServerArgs`` knows. Plugin on: ``--attention-backend tik``.
 
-On CUDA without a real ``sgl_kernel`` (the GPU box: ``integrations/_gpu_stubs/sgl_kernel`` stands in,
+On CUDA without a real ``sgl_kernel`` (the GPU box: ``devenv/gpu_stubs/sgl_kernel`` stands in,
 raising on any call) the command is set up as ``sglang_gpu_proof`` runs its engines: sampling
 ``pytorch`` and grammar ``none`` (their defaults need flashinfer / xgrammar kernels); plugin off
 (baseline), AReaL's ``fa3`` (sgl-kernel's FlashAttention) becomes ``triton`` and SGLang's fused
@@ -67,9 +67,16 @@ def resolve_device(tik: TikConfig) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def has_flashinfer() -> bool:
+    """FlashInfer importable (on the GPU box: the carried trimmed wheel, devenv/flashinfer_wheel.py)."""
+    import importlib.util
+
+    return importlib.util.find_spec("flashinfer") is not None
+
+
 def real_sgl_kernel() -> bool:
     """True when an installed ``sgl_kernel`` (SGLang's CUDA kernel wheel) is importable; False when it
-    is absent or is the plugin's import-only stand-in (``integrations/_gpu_stubs/sgl_kernel``)."""
+    is absent or is the plugin's import-only stand-in (``devenv/gpu_stubs/sgl_kernel``)."""
     import importlib.util
 
     try:
@@ -78,8 +85,10 @@ def real_sgl_kernel() -> bool:
         return False
     if spec is None or not spec.origin:
         return False
-    stubs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_gpu_stubs")
-    return not os.path.abspath(spec.origin).startswith(stubs + os.sep)
+    from areal_tik_plugin.runtime.source_checkout import devenv_dir
+
+    stubs = devenv_dir("gpu_stubs")
+    return stubs is None or not os.path.abspath(spec.origin).startswith(stubs + os.sep)
 
 
 def to_flags(args: dict) -> list[str]:
@@ -124,9 +133,18 @@ def build_command(server_args: dict, tik: TikConfig, python: str | None = None) 
                     args[k] = v
             for k, v in STUB_SGL_KERNEL_ENV.items():
                 env.setdefault(k, v)
-            if not tik.enable:
+            if not tik.enable and has_flashinfer():
+                # the stack a user runs: FlashInfer attention, the fused ops sgl-kernel ships served by
+                # FlashInfer through the stub's FlashInfer mode (devenv/gpu_stubs/sgl_kernel)
                 if args.get("attention_backend") in _NEEDS_SGL_KERNEL or not args.get("attention_backend"):
-                    print(f"[tik] SGLang (baseline, no sgl-kernel): attention backend "
+                    print(f"[tik] SGLang (baseline, sgl-kernel served by FlashInfer): attention backend "
+                          f"{args.get('attention_backend')!r} -> 'flashinfer'", flush=True)
+                    args["attention_backend"] = "flashinfer"
+                env.setdefault("TIK_SGL_KERNEL_SHIM", "flashinfer")
+                env.setdefault("SGLANG_PLUGINS", "none")
+            elif not tik.enable:
+                if args.get("attention_backend") in _NEEDS_SGL_KERNEL or not args.get("attention_backend"):
+                    print(f"[tik] SGLang (baseline, no sgl-kernel, no FlashInfer): attention backend "
                           f"{args.get('attention_backend')!r} -> {STOCK_CUDA_ATTENTION!r}; torch-native layer ops", flush=True)
                     args["attention_backend"] = STOCK_CUDA_ATTENTION
                 env.setdefault("SGLANG_FORCE_FUSED_OP_BACKEND", "torch")
@@ -135,7 +153,7 @@ def build_command(server_args: dict, tik: TikConfig, python: str | None = None) 
         env.setdefault("SGLANG_PLUGINS", "tik")
     dropped = sorted(k for k in args if k not in known)
     args = {k: v for k, v in args.items() if k in known}
-    module = "sglang.launch_server" if has_plugin_system() else "areal_tik_plugin.integrations.sglang_launch"
+    module = "sglang.launch_server" if has_plugin_system() else "areal_tik_plugin.integrations.sglang.launch"
     cmd = [python or sys.executable, "-m", module, *to_flags(args), *tik.sglang_extra_args]
     if device == "cpu":  # the Triton kernels run under the interpreter; set before triton imports
         env.setdefault("TRITON_INTERPRET", "1")

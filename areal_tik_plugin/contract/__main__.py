@@ -1,0 +1,79 @@
+"""Run the GPU contract suite and benchmarks; write evidence JSON; print a short table last."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+
+
+def main(argv=None) -> int:
+    from areal_tik_plugin import evidence
+    from areal_tik_plugin.runtime import loader
+    from areal_tik_plugin.contract import OP_MODULES
+    from areal_tik_plugin.contract.suite import Recorder
+
+    ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.contract")
+    ap.add_argument("--out", required=True, help="folder for the evidence JSON")
+    ap.add_argument("--ops", default=",".join(OP_MODULES), help=f"comma list from {list(OP_MODULES)}")
+    ap.add_argument("--quick", action="store_true", help="smaller grids (smoke run)")
+    ap.add_argument("--quick-bench", action="store_true", help="smaller benchmark grids, full contract checks")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--no-checks", action="store_true")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("the GPU suite needs a CUDA GPU", file=sys.stderr)
+        return 2
+    impl = loader.get_implementation()
+    ops = [o for o in args.ops.split(",") if o]
+    unknown = [o for o in ops if o not in OP_MODULES]
+    if unknown:
+        print(f"unknown ops {unknown}; expected from {list(OP_MODULES)}", file=sys.stderr)
+        return 2
+    record = evidence.record_header(impl, sys.argv[1:] if argv is None else list(argv))
+    os.makedirs(args.out, exist_ok=True)
+    path = evidence.record_path(args.out, impl, ops)
+    table = []
+    for op in ops:
+        mod = importlib.import_module(OP_MODULES[op])
+        rec = Recorder(op)
+        t0 = time.time()
+        if not args.no_checks:
+            rec.run(f"{op}.checks", mod.run_checks, rec, args.quick)
+        if not args.no_bench:
+            rec.run(f"{op}.bench", mod.run_bench, rec, args.quick or args.quick_bench)
+        record["ops"][op] = rec.to_json()
+        record["ops"][op]["seconds"] = round(time.time() - t0, 1)
+        evidence.write_record(path, record)  # after each op: keep partial results if a later op dies
+        npass = sum(c["passed"] for c in rec.checks)
+        table.append((op, npass, len(rec.checks) - npass, rec.bench_summary, round(time.time() - t0, 1)))
+        for e in rec.errors:
+            print("ERROR", e)
+        for c in rec.checks:
+            if not c["passed"]:
+                print("FAIL", json.dumps(c)[:400])
+    try:  # the two bandwidth ceilings every share in this file is set against
+        from areal_tik_plugin.contract import baselines
+
+        record["hbm"] = {"spec_tbps": baselines.HBM_SPEC_TBPS, "measured_copy_tbps": baselines.measured_copy_tbps()}
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
+    except Exception as e:
+        print("ERROR measuring the copy bandwidth:", type(e).__name__, e)
+    print(f"\nevidence: {path}")
+    print(f"implementation {impl.name} {impl.source_hash[:12]} on {record['env'].get('gpu')}")
+    print(f"{'op':<12}{'pass':>6}{'fail':>6}{'sec':>7}  bench geomeans")
+    for op, p, f, bs, sec in table:
+        b = " ".join(f"{k}={v['geomean']:.3f}" for k, v in bs.items())
+        print(f"{op:<12}{p:>6}{f:>6}{sec:>7}  {b}")
+    return 0 if all(f == 0 for _, _, f, _, _ in table) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1094 @@
+/* Native host path for the forward calls of RMSNorm, SwiGLU and the decode-sized linear
+ * (areal_tik_plugin.runtime.native).
+ *
+ * One Python -> C call per op call replaces ~20-60 us of Python (argument checks, the kernel module's
+ * wrapper, Triton's binder and launcher) with argument reads, one torch.empty and cuLaunchKernelEx of
+ * the very CUfunction Triton compiled for that call (same grid, same parameters, same launch options).
+ *
+ * A call is served here only when a *plan* for it exists. Plans are never written by hand: the first
+ * call of a kind goes through the Python path with its launch recorded; learn() then derives the launch
+ * from the same inputs with this file's rules and registers a plan only if grid and every kernel
+ * parameter equal the recorded ones (and the kernel's specialization flags are the ones assumed here).
+ * Anything this file does not handle (a call autograd must track, a tensor subclass, another device, a view the kernel
+ * module would copy, an empty tensor, bad input) returns None and the caller takes the Python path,
+ * which raises the errors. invalidate() drops every plan (any knob or implementation change).
+ *
+ * Plain C against the CPython API and cuda.h (Triton's copy); libcuda is opened at the first launch.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda.h"
+
+#define OP_RMSNORM 1
+#define OP_SWIGLU 2
+#define MAXP 16
+#define NPLANS 128
+
+enum { K_PTR = 0, K_INT = 1, K_F32 = 2 };
+
+typedef struct {
+  int kind;
+  int spec;          /* ints: specialized on value (==1 -> constexpr, %16); pointers: on 16-byte alignment */
+  long long i;       /* int value or pointer */
+  double f;
+} arg_t;
+
+typedef struct {
+  int used, refused, op, variant, dtype, wdtype, device;
+  long long size;
+  long long cfg[4];
+  int n;
+  unsigned char cls[MAXP];
+  CUfunction fn;
+  int num_warps, num_ctas, shared, pdl, coop;
+  PyObject *devobj;
+  char reason[96];
+} plan_t;
+
+static plan_t g_plans[NPLANS];
+static long long g_hits, g_misses, g_unsupported;
+
+static PyObject *g_dtypes[3];       /* bf16, fp16, fp32 */
+static const int g_esize[3] = {2, 2, 4};
+static PyObject *g_tensor_type, *g_param_type;
+static PyObject *g_empty, *g_grad_enabled, *g_raw_stream, *g_cur_device;
+static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_get_device, *s_requires_grad, *s_kwnames;
+static int g_ready;      /* derive / learn usable */
+static int g_fast_ready; /* the launch entry points usable (setup(), CUDA torch) */
+static int g_cpu_ok;     /* setup_cpu(): derive() accepts CPU tensors (tests) */
+
+typedef CUresult (*launch_ex_t)(const CUlaunchConfig *, CUfunction, void **, void **);
+static launch_ex_t g_launch;
+
+/* ---------------------------------------------------------------- tensor reads */
+
+typedef struct {
+  PyObject *obj;
+  int dtype, device, ndim;
+  long long shape[8], stride[8];
+  long long ptr;
+} tinfo_t;
+
+static int dtype_code(PyObject *dt) {
+  for (int i = 0; i < 3; i++)
+    if (dt == g_dtypes[i]) return i;
+  return -1;
+}
+
+static int read_long_tuple(PyObject *tup, long long *out, int max) {
+  if (!PyTuple_Check(tup)) return -1;
+  Py_ssize_t n = PyTuple_GET_SIZE(tup);
+  if (n > max) return -1;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(tup, i));
+    if (v == -1 && PyErr_Occurred()) return -1;
+    out[i] = v;
+  }
+  return (int)n;
+}
+
+/* 1: read; 0: not handled here (caller returns None); -1: Python error set. */
+static int tread(PyObject *t, tinfo_t *ti, int grad_on) {
+  PyTypeObject *tp = Py_TYPE(t);
+  if ((PyObject *)tp != g_tensor_type && (PyObject *)tp != g_param_type) return 0;
+  ti->obj = t;
+  PyObject *o = PyObject_GetAttr(t, s_dtype);
+  if (!o) return -1;
+  ti->dtype = dtype_code(o);
+  Py_DECREF(o);
+  if (ti->dtype < 0) return 0;
+  if (grad_on) {
+    o = PyObject_GetAttr(t, s_requires_grad);
+    if (!o) return -1;
+    int rg = (o == Py_True);
+    Py_DECREF(o);
+    if (rg) return 0;
+  }
+  o = PyObject_CallMethodNoArgs(t, s_get_device);
+  if (!o) return -1;
+  ti->device = (int)PyLong_AsLong(o);
+  Py_DECREF(o);
+  if (ti->device < 0 && !(g_cpu_ok && ti->device == -1)) return PyErr_Occurred() ? -1 : 0;
+  o = PyObject_GetAttr(t, s_shape);
+  if (!o) return -1;
+  int n = read_long_tuple(o, ti->shape, 8);
+  Py_DECREF(o);
+  if (n < 0) return PyErr_Occurred() ? -1 : 0;
+  ti->ndim = n;
+  o = PyObject_CallMethodNoArgs(t, s_stride);
+  if (!o) return -1;
+  int m = read_long_tuple(o, ti->stride, 8);
+  Py_DECREF(o);
+  if (m != n) return PyErr_Occurred() ? -1 : 0;
+  o = PyObject_CallMethodNoArgs(t, s_data_ptr);
+  if (!o) return -1;
+  ti->ptr = PyLong_AsLongLong(o);
+  Py_DECREF(o);
+  if (ti->ptr == -1 && PyErr_Occurred()) return -1;
+  return 1;
+}
+
+static long long numel(const tinfo_t *t) {
+  long long n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+  return n;
+}
+
+/* The kernels' _rowops.row_layout: leading dims (size != 1) folded into at most two levels.
+ * Returns 0 when they cannot be (the kernel module copies such a view). */
+static int row_layout(const tinfo_t *t, long long *M, long long *NH, long long *st, long long *sh) {
+  long long mn[8], ms[8];
+  int k = 0;
+  long long m = 1;
+  for (int i = 0; i < t->ndim - 1; i++) {
+    m *= t->shape[i];
+    if (t->shape[i] == 1) continue;
+    if (k && ms[k - 1] == t->stride[i] * t->shape[i]) {
+      mn[k - 1] *= t->shape[i];
+      ms[k - 1] = t->stride[i];
+    } else {
+      mn[k] = t->shape[i];
+      ms[k] = t->stride[i];
+      k++;
+    }
+  }
+  *M = m;
+  if (k == 0) { *NH = 1; *st = 0; *sh = 0; return 1; }
+  if (k == 1) { *NH = 1; *st = ms[0]; *sh = 0; return 1; }
+  if (k == 2) { *NH = mn[1]; *st = ms[0]; *sh = ms[1]; return 1; }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- classes and plans */
+
+/* Triton 3.6's key for one argument: ints -> i32/i64 and, when specialized, ==1 (a constexpr) or
+ * divisible by 16; pointers -> 16-byte aligned or not; floats -> fp32. */
+static unsigned char arg_class(const arg_t *a) {
+  if (a->kind == K_PTR) return (unsigned char)(a->spec && (a->i % 16 == 0) ? 1 : 0);
+  if (a->kind == K_F32) return 0;
+  int wide = !(a->i >= -2147483648LL && a->i <= 2147483647LL);
+  int v = 0;
+  if (a->spec) v = a->i == 1 ? 1 : (a->i % 16 == 0 ? 2 : 3);
+  return (unsigned char)(wide * 4 + v);
+}
+
+static int is_constexpr(const arg_t *a) { return a->kind == K_INT && a->spec && a->i == 1; }
+
+static plan_t *find_plan(int op, int variant, int dtype, int wdtype, int device, long long size, const arg_t *args,
+                         int n) {
+  unsigned char cls[MAXP];
+  for (int i = 0; i < n; i++) cls[i] = arg_class(&args[i]);
+  for (int p = 0; p < NPLANS; p++) {
+    plan_t *pl = &g_plans[p];
+    if (!pl->used || pl->op != op || pl->variant != variant || pl->dtype != dtype || pl->wdtype != wdtype ||
+        pl->device != device || pl->size != size || pl->n != n)
+      continue;
+    if (memcmp(pl->cls, cls, (size_t)n)) continue;
+    return pl;
+  }
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- per-op derivation
+ * Inputs are read; outputs are either allocated (launch) or given (learn / derive).
+ * Return 1 (derived), 0 (not handled here), -1 (error). */
+
+typedef struct {
+  int op, variant, dtype, wdtype, device;
+  long long size;
+  long long grid[3];
+  int n;
+  arg_t a[MAXP];
+} launch_t;
+
+static void put_ptr(launch_t *L, long long p) { L->a[L->n++] = (arg_t){K_PTR, 1, p, 0}; }
+static void put_int(launch_t *L, long long v, int spec) { L->a[L->n++] = (arg_t){K_INT, spec, v, 0}; }
+static void put_f32(launch_t *L, double f) { L->a[L->n++] = (arg_t){K_F32, 0, 0, f}; }
+
+static long long vec_for(long long n, int esize) {
+  long long v = 16 / esize;
+  if (v < 1) v = 1;
+  while (v > 1 && n % v) v /= 2;
+  return v;
+}
+
+/* rmsnorm forward: x [..., H], weight [H], residual like x or absent; y (and res_out) contiguous.
+ * cfg: ROWS. (The kernel's VEC is vec_for(H, element size).) */
+static int derive_rmsnorm(launch_t *L, const tinfo_t *x, const tinfo_t *w, const tinfo_t *r, double eps,
+                          long long y_ptr, long long ro_ptr, long long rows) {
+  if (x->ndim < 1 || x->stride[x->ndim - 1] != 1) return 0;
+  long long H = x->shape[x->ndim - 1];
+  if (H < 1 || numel(x) == 0) return 0;
+  if (w->ndim != 1 || w->shape[0] != H || w->stride[0] != 1 || w->device != x->device) return 0;
+  if (w->dtype != x->dtype && w->dtype != 2) return 0;
+  long long vec = vec_for(H, g_esize[x->dtype]);
+  long long M, NH, st, sh, Mr = 0, NHr = 0, srt = 0, srh = 0;
+  if (!row_layout(x, &M, &NH, &st, &sh)) return 0;
+  if (x->ptr % 16 || st % vec || sh % vec || w->ptr % 16) return 0;
+  if (r) {
+    if (r->dtype != x->dtype || r->device != x->device || r->ndim != x->ndim) return 0;
+    for (int i = 0; i < x->ndim; i++)
+      if (r->shape[i] != x->shape[i]) return 0;
+    if (r->stride[r->ndim - 1] != 1 || !row_layout(r, &Mr, &NHr, &srt, &srh)) return 0;
+    if (NHr != NH || r->ptr % 16 || srt % vec || srh % vec) return 0;
+  }
+  L->op = OP_RMSNORM;
+  L->variant = r != NULL;
+  L->dtype = x->dtype;
+  L->wdtype = w->dtype;
+  L->device = x->device;
+  L->size = H;
+  L->grid[0] = rows > 0 ? (M + rows - 1) / rows : 0;
+  L->grid[1] = L->grid[2] = 1;
+  L->n = 0;
+  /* X, R, W, Y, RES_OUT, M, NH, sxt, sxh, srt, srh, eps, [W2=None: constexpr], HEADS=1, HEADS1=1 */
+  put_ptr(L, x->ptr);
+  put_ptr(L, r ? r->ptr : x->ptr);
+  put_ptr(L, w->ptr);
+  put_ptr(L, y_ptr);
+  put_ptr(L, r ? ro_ptr : y_ptr);
+  put_int(L, M, 0);
+  put_int(L, NH, 0);
+  put_int(L, st / vec, 0);
+  put_int(L, sh / vec, 0);
+  put_int(L, r ? srt / vec : 0, 0);
+  put_int(L, r ? srh / vec : 0, 0);
+  put_f32(L, eps);
+  put_int(L, 1, 0);
+  put_int(L, 1, 0);
+  return 1;
+}
+
+static int rows2(const tinfo_t *t, long long I, long long *M, long long *st) {
+  /* the kernel module's x.view(M, I): leading dims folded into one level; torch gives a one-row view
+   * the stride I */
+  long long NH, sh;
+  if (!row_layout(t, M, &NH, st, &sh) || NH != 1) return 0;
+  if (*M == 1) *st = I;
+  return 1;
+}
+
+/* swiglu forward: gate, up [..., I] (last dim contiguous, rows foldable to one stride); out contiguous.
+ * cfg: BLOCK. */
+static int derive_swiglu(launch_t *L, const tinfo_t *g, long long gptr, const tinfo_t *u, long long uptr,
+                         long long I, long long o_ptr, long long block, int fused) {
+  long long M, sg, Mu, su;
+  if (I < 1 || !rows2(g, I, &M, &sg) || !rows2(u, I, &Mu, &su) || M < 1 || Mu != M) return 0;
+  L->op = OP_SWIGLU;
+  L->variant = fused;
+  L->dtype = g->dtype;
+  L->wdtype = u->dtype;
+  L->device = g->device;
+  L->size = I;
+  L->grid[0] = M;
+  L->grid[1] = block > 0 ? (I + block - 1) / block : 0;
+  L->grid[2] = 1;
+  L->n = 0;
+  /* G, U, O, sg, su, I (ints specialized) */
+  put_ptr(L, gptr);
+  put_ptr(L, uptr);
+  put_ptr(L, o_ptr);
+  put_int(L, sg, 1);
+  put_int(L, su, 1);
+  put_int(L, I, 1);
+  return 1;
+}
+
+/* ---------------------------------------------------------------- launch */
+
+static int ensure_driver(void) {
+  if (g_launch) return 1;
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: cannot open libcuda.so.1");
+    return 0;
+  }
+  g_launch = (launch_ex_t)dlsym(h, "cuLaunchKernelEx");
+  if (!g_launch) {
+    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: libcuda.so.1 has no cuLaunchKernelEx");
+    return 0;
+  }
+  return 1;
+}
+
+static int launch_plan(const plan_t *pl, const launch_t *L) {
+  if (L->grid[0] * L->grid[1] * L->grid[2] == 0) return 1;
+  if (!ensure_driver()) return 0;
+  PyObject *idx = PyLong_FromLong(pl->device);
+  if (!idx) return 0;
+  PyObject *so = PyObject_CallOneArg(g_raw_stream, idx);
+  Py_DECREF(idx);
+  if (!so) return 0;
+  CUstream stream = (CUstream)PyLong_AsVoidPtr(so);
+  Py_DECREF(so);
+  if (PyErr_Occurred()) return 0;
+  unsigned long long pv[MAXP];
+  void *params[MAXP + 2];
+  unsigned long long zero0 = 0, zero1 = 0;
+  int np = 0;
+  for (int i = 0; i < L->n; i++) {
+    const arg_t *a = &L->a[i];
+    if (is_constexpr(a)) continue;
+    pv[i] = 0;
+    if (a->kind == K_PTR) {
+      pv[i] = (unsigned long long)a->i;
+    } else if (a->kind == K_F32) {
+      float f = (float)a->f;
+      memcpy(&pv[i], &f, sizeof f);
+    } else if (arg_class(a) >= 4) {
+      int64_t v = (int64_t)a->i;
+      memcpy(&pv[i], &v, sizeof v);
+    } else {
+      int32_t v = (int32_t)a->i;
+      memcpy(&pv[i], &v, sizeof v);
+    }
+    params[np++] = &pv[i];
+  }
+  params[np++] = &zero0; /* global_scratch (plans require size 0) */
+  params[np++] = &zero1; /* profile_scratch (size 0) */
+  CUlaunchAttribute attrs[4];
+  CUlaunchConfig cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDimX = (unsigned)(L->grid[0] * pl->num_ctas);
+  cfg.gridDimY = (unsigned)L->grid[1];
+  cfg.gridDimZ = (unsigned)L->grid[2];
+  cfg.blockDimX = 32u * (unsigned)pl->num_warps;
+  cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.sharedMemBytes = (unsigned)pl->shared;
+  cfg.hStream = stream;
+  cfg.attrs = attrs;
+  int na = 0;
+  if (pl->pdl) {
+    memset(&attrs[na], 0, sizeof attrs[na]);
+    attrs[na].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[na].value.programmaticStreamSerializationAllowed = 1;
+    na++;
+  }
+  if (pl->coop) {
+    memset(&attrs[na], 0, sizeof attrs[na]);
+    attrs[na].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[na].value.cooperative = 1;
+    na++;
+  }
+  cfg.numAttrs = (unsigned)na;
+  CUresult rc = g_launch(&cfg, pl->fn, params, NULL);
+  if (rc != CUDA_SUCCESS) {
+    PyErr_Format(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: cuLaunchKernelEx failed (CUresult %d)", (int)rc);
+    return 0;
+  }
+  return 1;
+}
+
+/* torch.empty(shape, dtype=..., device=...) */
+static PyObject *empty(PyObject *shape, int dtype, PyObject *devobj) {
+  PyObject *args[3] = {shape, g_dtypes[dtype], devobj};
+  return PyObject_Vectorcall(g_empty, args, 1, s_kwnames);
+}
+
+static PyObject *shape_tuple(const tinfo_t *t, long long last) {
+  PyObject *tup = PyTuple_New(t->ndim);
+  if (!tup) return NULL;
+  for (int i = 0; i < t->ndim; i++) {
+    PyObject *v = PyLong_FromLongLong(i == t->ndim - 1 ? last : t->shape[i]);
+    if (!v) { Py_DECREF(tup); return NULL; }
+    PyTuple_SET_ITEM(tup, i, v);
+  }
+  return tup;
+}
+
+static int grad_on(void) {
+  PyObject *o = PyObject_CallNoArgs(g_grad_enabled);
+  if (!o) return -1;
+  int on = (o == Py_True);
+  Py_DECREF(o);
+  return on;
+}
+
+static int cur_device(void) {
+  PyObject *o = PyObject_CallNoArgs(g_cur_device);
+  if (!o) return -2;
+  int d = (int)PyLong_AsLong(o);
+  Py_DECREF(o);
+  return d;
+}
+
+#define NOT_HANDLED() do { g_unsupported++; Py_RETURN_NONE; } while (0)
+#define MISS() do { g_misses++; Py_RETURN_FALSE; } while (0)
+
+static int read_eps(PyObject *o, double *eps) {
+  if (!PyFloat_CheckExact(o)) return 0;
+  double e = PyFloat_AS_DOUBLE(o);
+  if (!(e > 0.0) || e == Py_HUGE_VAL) return 0;
+  *eps = e;
+  return 1;
+}
+
+/* Result: the outputs; None: not handled here; False: no plan (the caller learns). */
+static PyObject *py_rmsnorm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (!g_fast_ready || nargs != 4) NOT_HANDLED();
+  int go = grad_on();
+  if (go < 0) return NULL;
+  tinfo_t x, w, r;
+  int has_r = args[3] != Py_None;
+  int k;
+  double eps;
+  if ((k = tread(args[0], &x, go)) <= 0 || (k = tread(args[1], &w, go)) <= 0 ||
+      (has_r && (k = tread(args[3], &r, go)) <= 0)) {
+    if (k < 0) return NULL;
+    NOT_HANDLED();
+  }
+  if (!read_eps(args[2], &eps)) NOT_HANDLED();
+  launch_t L;
+  /* outputs are contiguous and fresh (16-byte aligned by the caching allocator: checked below) */
+  if (derive_rmsnorm(&L, &x, &w, has_r ? &r : NULL, eps, 0, 0, 1) <= 0) NOT_HANDLED();
+  plan_t *pl = NULL;
+  L.a[3].i = L.a[4].i = 16; /* placeholder aligned pointers for the lookup */
+  if (!has_r) L.a[1].i = x.ptr;
+  {
+    int d = cur_device();
+    if (d == -2) return NULL;
+    if (d != x.device) NOT_HANDLED();
+  }
+  pl = find_plan(L.op, L.variant, L.dtype, L.wdtype, L.device, L.size, L.a, L.n);
+  if (!pl) MISS();
+  if (pl->refused) NOT_HANDLED();
+  PyObject *shape = PyObject_GetAttr(args[0], s_shape);
+  if (!shape) return NULL;
+  PyObject *y = empty(shape, x.dtype, pl->devobj);
+  PyObject *ro = (y && has_r) ? empty(shape, x.dtype, pl->devobj) : NULL;
+  Py_DECREF(shape);
+  if (!y || (has_r && !ro)) { Py_XDECREF(y); Py_XDECREF(ro); return NULL; }
+  tinfo_t yi, ri;
+  int ok = tread(y, &yi, 0) > 0 && (!has_r || tread(ro, &ri, 0) > 0);
+  if (!ok || yi.ptr % 16 || (has_r && ri.ptr % 16)) {
+    Py_DECREF(y); Py_XDECREF(ro);
+    if (PyErr_Occurred()) return NULL;
+    NOT_HANDLED();
+  }
+  derive_rmsnorm(&L, &x, &w, has_r ? &r : NULL, eps, yi.ptr, has_r ? ri.ptr : 0, pl->cfg[0]);
+  if (!launch_plan(pl, &L)) { Py_DECREF(y); Py_XDECREF(ro); return NULL; }
+  g_hits++;
+  if (!has_r) return y;
+  PyObject *out = PyTuple_Pack(2, y, ro);
+  Py_DECREF(y);
+  Py_DECREF(ro);
+  return out;
+}
+
+/* swiglu(gate, up) and swiglu_fused(gate_up): result tensor / None / False as above. */
+static PyObject *swiglu_common(PyObject *const *args, int fused) {
+  int go = grad_on();
+  if (go < 0) return NULL;
+  tinfo_t g, u;
+  int k;
+  if ((k = tread(args[0], &g, go)) <= 0 || (!fused && (k = tread(args[1], &u, go)) <= 0)) {
+    if (k < 0) return NULL;
+    NOT_HANDLED();
+  }
+  if (g.ndim < 1 || g.stride[g.ndim - 1] != 1 || numel(&g) == 0) NOT_HANDLED();
+  long long I, uptr;
+  if (fused) {
+    if (g.shape[g.ndim - 1] % 2) NOT_HANDLED();
+    I = g.shape[g.ndim - 1] / 2;
+    u = g;
+    uptr = g.ptr + I * g_esize[g.dtype];
+  } else {
+    I = g.shape[g.ndim - 1];
+    if (u.dtype != g.dtype || u.device != g.device || u.ndim != g.ndim || u.stride[u.ndim - 1] != 1) NOT_HANDLED();
+    for (int i = 0; i < g.ndim; i++)
+      if (u.shape[i] != g.shape[i]) NOT_HANDLED();
+    uptr = u.ptr;
+  }
+  {
+    int d = cur_device();
+    if (d == -2) return NULL;
+    if (d != g.device) NOT_HANDLED();
+  }
+  launch_t L;
+  if (derive_swiglu(&L, &g, g.ptr, &u, uptr, I, 16, 1, fused) <= 0) NOT_HANDLED();
+  plan_t *pl = find_plan(L.op, L.variant, L.dtype, L.wdtype, L.device, L.size, L.a, L.n);
+  if (!pl) MISS();
+  if (pl->refused) NOT_HANDLED();
+  PyObject *shape = shape_tuple(&g, I);
+  if (!shape) return NULL;
+  PyObject *o = empty(shape, g.dtype, pl->devobj);
+  Py_DECREF(shape);
+  if (!o) return NULL;
+  tinfo_t oi;
+  if (tread(o, &oi, 0) <= 0 || oi.ptr % 16) {
+    Py_DECREF(o);
+    if (PyErr_Occurred()) return NULL;
+    NOT_HANDLED();
+  }
+  derive_swiglu(&L, &g, g.ptr, &u, uptr, I, oi.ptr, pl->cfg[0], fused);
+  if (!launch_plan(pl, &L)) { Py_DECREF(o); return NULL; }
+  g_hits++;
+  return o;
+}
+
+static PyObject *py_swiglu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (!g_fast_ready || nargs != 2) NOT_HANDLED();
+  return swiglu_common(args, 0);
+}
+
+static PyObject *py_swiglu_fused(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (!g_fast_ready || nargs != 1) NOT_HANDLED();
+  return swiglu_common(args, 1);
+}
+
+
+/* ---------------------------------------------------------------- linear (recipes)
+ * The GEMM's configuration is a function of (M, N, K) and its integer arguments are those sizes and the
+ * row strides, so a plan for one exact (M, N, K, strides, alignments, bias) is a *recipe*: each kernel
+ * parameter is an input's pointer, the output's, a temporary's (allocated per call), a fixed buffer's
+ * (the split reduce's tickets, bound to the stream it was learned on) or a constant. The recipe is read
+ * off the recorded launch by learn_linear(); C derives nothing it could get wrong, it only substitutes
+ * this call's pointers. */
+
+enum { R_X = 0, R_W, R_B, R_Y, R_TMP, R_FIXED, R_I32, R_I64, R_F32 };
+#define LIN_SLOTS 1024
+#define LIN_MAXT 2
+
+typedef struct {
+  int used, refused, dtype, bdtype, device, align; /* align: bits x, w, b 16-byte aligned */
+  long long M, N, K, sx, sw;
+  long long grid[3];
+  int n;
+  unsigned char kind[MAXP];
+  long long val[MAXP];
+  int ntmp;
+  long long tshape[LIN_MAXT][3];
+  int tndim[LIN_MAXT], tdtype[LIN_MAXT];
+  unsigned long long stream; /* 0: any stream; else the only stream the recipe's fixed buffers serve */
+  CUfunction fn;
+  int num_warps, shared, pdl;
+  PyObject *devobj;
+} lplan_t;
+
+static lplan_t g_lin[LIN_SLOTS];
+static int g_lin_count;
+
+static unsigned long long lin_hash(int dtype, int bdtype, int device, int align, long long M, long long N, long long K,
+                                   long long sx, long long sw) {
+  unsigned long long h = 1469598103934665603ULL;
+  long long v[9] = {dtype, bdtype, device, align, M, N, K, sx, sw};
+  for (int i = 0; i < 9; i++) { h ^= (unsigned long long)v[i]; h *= 1099511628211ULL; }
+  return h;
+}
+
+static lplan_t *lin_find(int dtype, int bdtype, int device, int align, long long M, long long N, long long K, long long sx,
+                         long long sw, int create) {
+  unsigned long long h = lin_hash(dtype, bdtype, device, align, M, N, K, sx, sw);
+  for (int probe = 0; probe < LIN_SLOTS; probe++) {
+    lplan_t *p = &g_lin[(h + (unsigned long long)probe) % LIN_SLOTS];
+    if (!p->used) {
+      if (!create) return NULL;
+      if (g_lin_count * 4 >= LIN_SLOTS * 3) return NULL; /* full: the caller clears the table */
+      memset(p, 0, sizeof *p);
+      p->used = 1; p->dtype = dtype; p->bdtype = bdtype; p->device = device; p->align = align;
+      p->M = M; p->N = N; p->K = K; p->sx = sx; p->sw = sw;
+      g_lin_count++;
+      return p;
+    }
+    if (p->dtype == dtype && p->bdtype == bdtype && p->device == device && p->align == align && p->M == M &&
+        p->N == N && p->K == K && p->sx == sx && p->sw == sw)
+      return p;
+  }
+  return NULL;
+}
+
+static void lin_clear(void) {
+  for (int i = 0; i < LIN_SLOTS; i++) {
+    Py_CLEAR(g_lin[i].devobj);
+    g_lin[i].used = 0;
+  }
+  g_lin_count = 0;
+}
+
+typedef struct { tinfo_t x, w, b; int has_b, align, bdtype; } lin_in_t;
+
+/* 1 read, 0 not handled, -1 error */
+static int lin_read(PyObject *const *args, int go, lin_in_t *in) {
+  int k;
+  in->has_b = args[2] != Py_None;
+  if ((k = tread(args[0], &in->x, go)) <= 0 || (k = tread(args[1], &in->w, go)) <= 0 ||
+      (in->has_b && (k = tread(args[2], &in->b, go)) <= 0))
+    return k;
+  tinfo_t *x = &in->x, *w = &in->w;
+  if (x->ndim != 2 || w->ndim != 2 || x->stride[1] != 1 || w->stride[1] != 1 || x->dtype == 2 || w->dtype != x->dtype)
+    return 0;
+  if (x->shape[0] < 1 || x->shape[1] != w->shape[1] || w->shape[0] < 1 || w->stride[0] < w->shape[1]) return 0;
+  if (w->device != x->device) return 0;
+  in->bdtype = -1;
+  if (in->has_b) {
+    tinfo_t *b = &in->b;
+    if (b->ndim != 1 || b->shape[0] != w->shape[0] || b->stride[0] != 1 || b->device != x->device) return 0;
+    if (b->dtype != x->dtype && b->dtype != 2) return 0;
+    in->bdtype = b->dtype;
+  }
+  in->align = (x->ptr % 16 == 0) | ((w->ptr % 16 == 0) << 1) | ((!in->has_b || in->b.ptr % 16 == 0) << 2);
+  return 1;
+}
+
+static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (!g_fast_ready || nargs != 3) NOT_HANDLED();
+  int go = grad_on();
+  if (go < 0) return NULL;
+  lin_in_t in;
+  int k = lin_read(args, go, &in);
+  if (k < 0) return NULL;
+  if (k == 0) NOT_HANDLED();
+  {
+    int d = cur_device();
+    if (d == -2) return NULL;
+    if (d != in.x.device) NOT_HANDLED();
+  }
+  long long M = in.x.shape[0], K = in.x.shape[1], N = in.w.shape[0];
+  lplan_t *pl = lin_find(in.x.dtype, in.bdtype, in.x.device, in.align, M, N, K, in.x.stride[0], in.w.stride[0], 0);
+  if (!pl || !pl->n) MISS();
+  if (pl->refused) NOT_HANDLED();
+  PyObject *idx = PyLong_FromLong(pl->device);
+  if (!idx) return NULL;
+  PyObject *so = PyObject_CallOneArg(g_raw_stream, idx);
+  Py_DECREF(idx);
+  if (!so) return NULL;
+  unsigned long long stream = (unsigned long long)PyLong_AsUnsignedLongLong(so);
+  Py_DECREF(so);
+  if (PyErr_Occurred()) return NULL;
+  if (pl->stream && pl->stream != stream) NOT_HANDLED();
+  if (!ensure_driver()) return NULL;
+  PyObject *yshape = Py_BuildValue("(LL)", M, N);
+  if (!yshape) return NULL;
+  PyObject *y = empty(yshape, in.x.dtype, pl->devobj);
+  Py_DECREF(yshape);
+  if (!y) return NULL;
+  PyObject *tmps[LIN_MAXT] = {NULL, NULL};
+  long long tptr[LIN_MAXT] = {0, 0}, yptr;
+  tinfo_t ti;
+  if (tread(y, &ti, 0) <= 0) goto fail;
+  yptr = ti.ptr;
+  if (yptr % 16) goto unaligned;
+  for (int t = 0; t < pl->ntmp; t++) {
+    PyObject *sh = PyTuple_New(pl->tndim[t]);
+    if (!sh) goto fail;
+    for (int d = 0; d < pl->tndim[t]; d++) PyTuple_SET_ITEM(sh, d, PyLong_FromLongLong(pl->tshape[t][d]));
+    tmps[t] = empty(sh, pl->tdtype[t], pl->devobj);
+    Py_DECREF(sh);
+    if (!tmps[t] || tread(tmps[t], &ti, 0) <= 0) goto fail;
+    tptr[t] = ti.ptr;
+    if (tptr[t] % 16) goto unaligned;
+  }
+  {
+    unsigned long long pv[MAXP];
+    void *params[MAXP + 2];
+    unsigned long long z0 = 0, z1 = 0;
+    for (int i = 0; i < pl->n; i++) {
+      long long v = pl->val[i];
+      switch (pl->kind[i]) {
+        case R_X: pv[i] = (unsigned long long)(in.x.ptr + v); break;
+        case R_W: pv[i] = (unsigned long long)(in.w.ptr + v); break;
+        case R_B: pv[i] = (unsigned long long)(in.b.ptr + v); break;
+        case R_Y: pv[i] = (unsigned long long)(yptr + v); break;
+        case R_TMP: pv[i] = (unsigned long long)tptr[v]; break;
+        case R_FIXED: pv[i] = (unsigned long long)v; break;
+        case R_I32: { int32_t q = (int32_t)v; pv[i] = 0; memcpy(&pv[i], &q, sizeof q); break; }
+        case R_I64: pv[i] = (unsigned long long)v; break;
+        default: { float f; double dd; memcpy(&dd, &v, sizeof dd); f = (float)dd; pv[i] = 0; memcpy(&pv[i], &f, sizeof f); }
+      }
+      params[i] = &pv[i];
+    }
+    params[pl->n] = &z0;
+    params[pl->n + 1] = &z1;
+    CUlaunchAttribute attrs[1];
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = (unsigned)pl->grid[0];
+    cfg.gridDimY = (unsigned)pl->grid[1];
+    cfg.gridDimZ = (unsigned)pl->grid[2];
+    cfg.blockDimX = 32u * (unsigned)pl->num_warps;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = (unsigned)pl->shared;
+    cfg.hStream = (CUstream)(uintptr_t)stream;
+    cfg.attrs = attrs;
+    if (pl->pdl) {
+      memset(&attrs[0], 0, sizeof attrs[0]);
+      attrs[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attrs[0].value.programmaticStreamSerializationAllowed = 1;
+      cfg.numAttrs = 1;
+    }
+    CUresult rc = g_launch(&cfg, pl->fn, params, NULL);
+    if (rc != CUDA_SUCCESS) {
+      PyErr_Format(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: cuLaunchKernelEx failed (CUresult %d)", (int)rc);
+      goto fail;
+    }
+  }
+  for (int t = 0; t < LIN_MAXT; t++) Py_XDECREF(tmps[t]); /* the caching allocator keeps stream order */
+  g_hits++;
+  return y;
+unaligned: /* the recipe was learned on 16-byte aligned outputs: leave this call to the Python path */
+  Py_XDECREF(y);
+  for (int t = 0; t < LIN_MAXT; t++) Py_XDECREF(tmps[t]);
+  NOT_HANDLED();
+fail:
+  Py_XDECREF(y);
+  for (int t = 0; t < LIN_MAXT; t++) Py_XDECREF(tmps[t]);
+  return NULL;
+}
+
+/* learn_linear(x, weight, bias|None, recipe|None, reason|None) -> None
+ * recipe: (grid (3 ints), [(kind, value)], [(shape tuple, dtype code)], stream, fn, num_warps, shared, pdl,
+ * device_obj); None with a reason: the kind is refused (kept on the Python path). */
+static PyObject *py_learn_linear(PyObject *self, PyObject *args) {
+  PyObject *x, *w, *b, *recipe;
+  const char *reason = NULL;
+  if (!g_ready) {
+    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: setup() has not run");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "OOOO|z", &x, &w, &b, &recipe, &reason)) return NULL;
+  PyObject *a3[3] = {x, w, b};
+  lin_in_t in;
+  int k = lin_read(a3, 0, &in);
+  if (k < 0) return NULL;
+  if (k == 0) Py_RETURN_FALSE;
+  long long M = in.x.shape[0], K = in.x.shape[1], N = in.w.shape[0];
+  lplan_t *pl = lin_find(in.x.dtype, in.bdtype, in.x.device, in.align, M, N, K, in.x.stride[0], in.w.stride[0], 1);
+  if (!pl) {
+    lin_clear();
+    pl = lin_find(in.x.dtype, in.bdtype, in.x.device, in.align, M, N, K, in.x.stride[0], in.w.stride[0], 1);
+    if (!pl) Py_RETURN_FALSE;
+  }
+  if (recipe == Py_None) {
+    pl->refused = 1;
+    pl->n = 1;
+    Py_RETURN_FALSE;
+  }
+  PyObject *params, *temps, *devobj;
+  unsigned long long stream, fn;
+  int nw, shm, pdl;
+  if (!PyArg_ParseTuple(recipe, "(LLL)OOKKiipO", &pl->grid[0], &pl->grid[1], &pl->grid[2], &params, &temps, &stream,
+                        &fn, &nw, &shm, &pdl, &devobj))
+    goto bad;
+  if (!PyList_Check(params) || PyList_GET_SIZE(params) > MAXP || !PyList_Check(temps) ||
+      PyList_GET_SIZE(temps) > LIN_MAXT) {
+    PyErr_SetString(PyExc_ValueError, "learn_linear: params (<= 16) and temps (<= 2) must be lists");
+    goto bad;
+  }
+  pl->n = (int)PyList_GET_SIZE(params);
+  for (int i = 0; i < pl->n; i++) {
+    int kind;
+    PyObject *v;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(params, i), "iO", &kind, &v)) goto bad;
+    pl->kind[i] = (unsigned char)kind;
+    if (kind == R_F32) {
+      double d = PyFloat_AsDouble(v);
+      memcpy(&pl->val[i], &d, sizeof d);
+    } else {
+      pl->val[i] = PyLong_AsLongLong(v);
+    }
+    if (PyErr_Occurred()) goto bad;
+  }
+  pl->ntmp = (int)PyList_GET_SIZE(temps);
+  for (int t = 0; t < pl->ntmp; t++) {
+    PyObject *sh;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(temps, t), "Oi", &sh, &pl->tdtype[t]) || !PyTuple_Check(sh) ||
+        PyTuple_GET_SIZE(sh) > 3 || pl->tdtype[t] < 0 || pl->tdtype[t] > 2) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "learn_linear: a temp is (shape <= 3 dims, dtype code)");
+      goto bad;
+    }
+    pl->tndim[t] = (int)PyTuple_GET_SIZE(sh);
+    for (int d = 0; d < pl->tndim[t]; d++) pl->tshape[t][d] = PyLong_AsLongLong(PyTuple_GET_ITEM(sh, d));
+    if (PyErr_Occurred()) goto bad;
+  }
+  pl->stream = stream;
+  pl->fn = (CUfunction)(uintptr_t)fn;
+  pl->num_warps = nw;
+  pl->shared = shm;
+  pl->pdl = pdl;
+  Py_INCREF(devobj);
+  Py_XSETREF(pl->devobj, devobj);
+  pl->refused = 0;
+  Py_RETURN_TRUE;
+bad:
+  pl->n = 0; /* an unusable recipe: no plan */
+  return NULL;
+}
+
+static PyObject *lin_stats(void) {
+  int n = 0, refused = 0;
+  for (int i = 0; i < LIN_SLOTS; i++)
+    if (g_lin[i].used && g_lin[i].n) { n++; refused += g_lin[i].refused; }
+  return Py_BuildValue("{s:i,s:i}", "plans", n, "refused", refused);
+}
+
+/* ---------------------------------------------------------------- derive / learn */
+
+/* derive(op, inputs: tuple, outputs: tuple, cfg: int) -> (grid, [(kind, spec, value), ...]) or None.
+ * op: "rmsnorm" (inputs (x, weight, eps, residual|None), outputs (y[, res_out])),
+ *     "swiglu" (inputs (gate, up)), "swiglu_fused" (inputs (gate_up,)), outputs (out,). */
+static int derive_any(const char *op, PyObject *inputs, PyObject *outputs, long long cfg, launch_t *L) {
+  if (!PyTuple_Check(inputs) || !PyTuple_Check(outputs)) {
+    PyErr_SetString(PyExc_TypeError, "derive: inputs and outputs must be tuples");
+    return -1;
+  }
+  tinfo_t a, b, c, o1, o2;
+  Py_ssize_t ni = PyTuple_GET_SIZE(inputs), no = PyTuple_GET_SIZE(outputs);
+  int k;
+  if (!strcmp(op, "rmsnorm")) {
+    if (ni != 4 || no < 1) return 0;
+    PyObject *res = PyTuple_GET_ITEM(inputs, 3);
+    int has_r = res != Py_None;
+    double eps;
+    if ((k = tread(PyTuple_GET_ITEM(inputs, 0), &a, 0)) <= 0 || (k = tread(PyTuple_GET_ITEM(inputs, 1), &b, 0)) <= 0 ||
+        (has_r && (k = tread(res, &c, 0)) <= 0) || (k = tread(PyTuple_GET_ITEM(outputs, 0), &o1, 0)) <= 0 ||
+        (has_r && (no < 2 || (k = tread(PyTuple_GET_ITEM(outputs, 1), &o2, 0)) <= 0)))
+      return k < 0 ? -1 : 0;
+    if (!read_eps(PyTuple_GET_ITEM(inputs, 2), &eps)) return 0;
+    return derive_rmsnorm(L, &a, &b, has_r ? &c : NULL, eps, o1.ptr, has_r ? o2.ptr : 0, cfg);
+  }
+  int fused = !strcmp(op, "swiglu_fused");
+  if (fused || !strcmp(op, "swiglu")) {
+    if (ni != (fused ? 1 : 2) || no != 1) return 0;
+    if ((k = tread(PyTuple_GET_ITEM(inputs, 0), &a, 0)) <= 0 || (!fused && (k = tread(PyTuple_GET_ITEM(inputs, 1), &b, 0)) <= 0) ||
+        (k = tread(PyTuple_GET_ITEM(outputs, 0), &o1, 0)) <= 0)
+      return k < 0 ? -1 : 0;
+    if (a.ndim < 1) return 0;
+    long long I = fused ? a.shape[a.ndim - 1] / 2 : a.shape[a.ndim - 1];
+    return derive_swiglu(L, &a, a.ptr, fused ? &a : &b, fused ? a.ptr + I * g_esize[a.dtype] : b.ptr, I, o1.ptr, cfg,
+                         fused);
+  }
+  PyErr_Format(PyExc_ValueError, "derive: unknown op %s (expected rmsnorm, swiglu, swiglu_fused)", op);
+  return -1;
+}
+
+static PyObject *launch_to_py(const launch_t *L) {
+  PyObject *lst = PyList_New(0);
+  if (!lst) return NULL;
+  for (int i = 0; i < L->n; i++) {
+    const arg_t *x = &L->a[i];
+    PyObject *v = x->kind == K_F32 ? PyFloat_FromDouble(x->f) : PyLong_FromLongLong(x->i);
+    const char *kind = x->kind == K_PTR ? "ptr" : (x->kind == K_F32 ? "fp32" : (arg_class(x) >= 4 ? "i64" : "i32"));
+    PyObject *item = Py_BuildValue("(sOOi)", kind, v, is_constexpr(x) ? Py_True : Py_False, (int)arg_class(x));
+    Py_XDECREF(v);
+    if (!item || PyList_Append(lst, item)) { Py_XDECREF(item); Py_DECREF(lst); return NULL; }
+    Py_DECREF(item);
+  }
+  PyObject *out = Py_BuildValue("((LLL)N)", L->grid[0], L->grid[1], L->grid[2], lst);
+  return out;
+}
+
+static PyObject *py_derive(PyObject *self, PyObject *args) {
+  const char *op;
+  PyObject *inputs, *outputs;
+  long long cfg;
+  if (!g_ready) {
+    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: setup() has not run");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "sOOL", &op, &inputs, &outputs, &cfg)) return NULL;
+  launch_t L;
+  int k = derive_any(op, inputs, outputs, cfg, &L);
+  if (k < 0) return NULL;
+  if (k == 0) Py_RETURN_NONE;
+  return launch_to_py(&L);
+}
+
+/* learn(op, inputs, outputs, cfg, grid, params, kernel_info[, refuse]) -> (ok: bool, reason: str)
+ * refuse: register the kind as refused with this reason (the Python side found the record unusable).
+ * params: the recorded launch's kernel parameters, [(type_str, value)] in signature order (constexprs
+ * left out; tensors as data_ptr ints). kernel_info: (function, num_warps, num_ctas, shared, launch_pdl,
+ * cooperative, global_scratch_size, profile_scratch_size, spec_ok, device_obj). */
+static PyObject *py_learn(PyObject *self, PyObject *args) {
+  const char *op;
+  PyObject *inputs, *outputs, *grid, *params, *info;
+  const char *refuse = NULL;
+  long long cfg;
+  if (!g_ready) {
+    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: setup() has not run");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "sOOLOOO|z", &op, &inputs, &outputs, &cfg, &grid, &params, &info, &refuse)) return NULL;
+  launch_t L;
+  int k = derive_any(op, inputs, outputs, cfg, &L);
+  if (k < 0) return NULL;
+  if (k == 0) return Py_BuildValue("(Os)", Py_False, "inputs not handled by the native path");
+  unsigned long long fn;
+  int nw, nc, sh, pdl, coop, spec_ok;
+  long long gs, ps;
+  PyObject *devobj;
+  if (!PyArg_ParseTuple(info, "KiiiiiLLpO", &fn, &nw, &nc, &sh, &pdl, &coop, &gs, &ps, &spec_ok, &devobj)) return NULL;
+  char reason[96] = "";
+  long long gr[3] = {1, 1, 1};
+  if (refuse && refuse[0]) {
+    snprintf(reason, sizeof reason, "%s", refuse);
+  } else if (!PyTuple_Check(grid) || PyTuple_GET_SIZE(grid) < 1 || PyTuple_GET_SIZE(grid) > 3) {
+    snprintf(reason, sizeof reason, "recorded grid is not a tuple of 1-3 ints");
+  } else {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(grid); i++) gr[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(grid, i));
+    if (PyErr_Occurred()) return NULL;
+    if (gr[0] != L.grid[0] || gr[1] != L.grid[1] || gr[2] != L.grid[2])
+      snprintf(reason, sizeof reason, "grid (%lld,%lld,%lld) != derived (%lld,%lld,%lld)", gr[0], gr[1], gr[2],
+               L.grid[0], L.grid[1], L.grid[2]);
+  }
+  if (!reason[0] && (!spec_ok)) snprintf(reason, sizeof reason, "kernel specialization flags differ");
+  if (!reason[0] && (gs || ps)) snprintf(reason, sizeof reason, "kernel needs scratch memory");
+  if (!reason[0] && (nc != 1)) snprintf(reason, sizeof reason, "kernel uses clusters");
+  if (!reason[0]) {
+    if (!PyList_Check(params)) {
+      PyErr_SetString(PyExc_TypeError, "learn: params must be a list");
+      return NULL;
+    }
+    Py_ssize_t np = PyList_GET_SIZE(params), j = 0;
+    for (int i = 0; i < L.n && !reason[0]; i++) {
+      const arg_t *a = &L.a[i];
+      if (is_constexpr(a)) continue;
+      if (j >= np) { snprintf(reason, sizeof reason, "fewer recorded parameters than derived"); break; }
+      PyObject *it = PyList_GET_ITEM(params, j++);
+      const char *ty;
+      PyObject *val;
+      if (!PyArg_ParseTuple(it, "sO", &ty, &val)) return NULL;
+      if (a->kind == K_PTR) {
+        long long p = PyLong_AsLongLong(val);
+        if (PyErr_Occurred()) return NULL;
+        if (ty[0] != '*' || p != a->i) snprintf(reason, sizeof reason, "parameter %d: pointer differs", i);
+      } else if (a->kind == K_F32) {
+        double f = PyFloat_AsDouble(val);
+        if (PyErr_Occurred()) return NULL;
+        if (strcmp(ty, "fp32") || (float)f != (float)a->f) snprintf(reason, sizeof reason, "parameter %d: float differs", i);
+      } else {
+        long long v = PyLong_AsLongLong(val);
+        if (PyErr_Occurred()) return NULL;
+        const char *want = arg_class(a) >= 4 ? "i64" : "i32";
+        if (strcmp(ty, want) || v != a->i)
+          snprintf(reason, sizeof reason, "parameter %d: %s %lld != derived %s %lld", i, ty, v, want, a->i);
+      }
+    }
+    if (!reason[0] && j != np) snprintf(reason, sizeof reason, "more recorded parameters than derived");
+  }
+  /* register (or refuse) under the derived key */
+  plan_t *pl = find_plan(L.op, L.variant, L.dtype, L.wdtype, L.device, L.size, L.a, L.n);
+  if (!pl) {
+    for (int p = 0; p < NPLANS; p++)
+      if (!g_plans[p].used) { pl = &g_plans[p]; break; }
+    if (!pl) return Py_BuildValue("(Os)", Py_False, "plan table full");
+  }
+  Py_XDECREF(pl->devobj);
+  memset(pl, 0, sizeof *pl);
+  pl->used = 1;
+  pl->refused = reason[0] != 0;
+  pl->op = L.op; pl->variant = L.variant; pl->dtype = L.dtype; pl->wdtype = L.wdtype; pl->device = L.device;
+  pl->size = L.size; pl->n = L.n;
+  for (int i = 0; i < L.n; i++) pl->cls[i] = arg_class(&L.a[i]);
+  pl->cfg[0] = cfg;
+  pl->fn = (CUfunction)(uintptr_t)fn;
+  pl->num_warps = nw; pl->num_ctas = nc; pl->shared = sh; pl->pdl = pdl; pl->coop = coop;
+  Py_INCREF(devobj);
+  pl->devobj = devobj;
+  snprintf(pl->reason, sizeof pl->reason, "%s", reason);
+  if (reason[0]) return Py_BuildValue("(Os)", Py_False, reason);
+  return Py_BuildValue("(Os)", Py_True, "");
+}
+
+static PyObject *py_invalidate(PyObject *self, PyObject *noargs) {
+  for (int p = 0; p < NPLANS; p++) {
+    Py_CLEAR(g_plans[p].devobj);
+    g_plans[p].used = 0;
+  }
+  lin_clear();
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_stats(PyObject *self, PyObject *noargs) {
+  PyObject *plans = PyList_New(0);
+  if (!plans) return NULL;
+  for (int p = 0; p < NPLANS; p++) {
+    plan_t *pl = &g_plans[p];
+    if (!pl->used) continue;
+    PyObject *d = Py_BuildValue("{s:s,s:i,s:i,s:L,s:O,s:s,s:i,s:i}", "op", pl->op == OP_RMSNORM ? "rmsnorm" : "swiglu",
+                                "variant", pl->variant, "dtype", pl->dtype, "size", pl->size, "refused",
+                                pl->refused ? Py_True : Py_False, "reason", pl->reason, "num_warps", pl->num_warps,
+                                "pdl", pl->pdl);
+    if (!d || PyList_Append(plans, d)) { Py_XDECREF(d); Py_DECREF(plans); return NULL; }
+    Py_DECREF(d);
+  }
+  return Py_BuildValue("{s:L,s:L,s:L,s:N,s:N}", "hits", g_hits, "misses", g_misses, "not_handled", g_unsupported,
+                       "plans", plans, "linear", lin_stats());
+}
+
+/* setup(torch) : caches the objects the hot path uses. */
+static PyObject *py_setup(PyObject *self, PyObject *torch) {
+  const char *names[3] = {"bfloat16", "float16", "float32"};
+  for (int i = 0; i < 3; i++) {
+    Py_XSETREF(g_dtypes[i], PyObject_GetAttrString(torch, names[i]));
+    if (!g_dtypes[i]) return NULL;
+  }
+  PyObject *C = PyObject_GetAttrString(torch, "_C");
+  PyObject *nn = PyObject_GetAttrString(torch, "nn");
+  if (!C || !nn) { Py_XDECREF(C); Py_XDECREF(nn); return NULL; }
+  PyObject *param = PyObject_GetAttrString(nn, "Parameter");
+  Py_DECREF(nn);
+  Py_XSETREF(g_param_type, param);
+  Py_XSETREF(g_tensor_type, PyObject_GetAttrString(torch, "Tensor"));
+  Py_XSETREF(g_empty, PyObject_GetAttrString(torch, "empty"));
+  Py_XSETREF(g_grad_enabled, PyObject_GetAttrString(C, "is_grad_enabled"));
+  Py_XSETREF(g_raw_stream, PyObject_GetAttrString(C, "_cuda_getCurrentRawStream"));
+  Py_XSETREF(g_cur_device, PyObject_GetAttrString(C, "_cuda_getDevice"));
+  Py_DECREF(C);
+  if (!g_param_type || !g_tensor_type || !g_empty || !g_grad_enabled || !g_raw_stream || !g_cur_device) {
+    /* a CPU build of torch has no _cuda_* functions: the path stays off (setup raises) */
+    return NULL;
+  }
+  g_ready = g_fast_ready = 1;
+  g_cpu_ok = 0;
+  Py_RETURN_NONE;
+}
+
+/* setup_cpu(torch): derive() and learn() only, CPU tensors accepted (tests on a machine without a GPU). */
+static PyObject *py_setup_cpu(PyObject *self, PyObject *torch) {
+  const char *names[3] = {"bfloat16", "float16", "float32"};
+  for (int i = 0; i < 3; i++) {
+    Py_XSETREF(g_dtypes[i], PyObject_GetAttrString(torch, names[i]));
+    if (!g_dtypes[i]) return NULL;
+  }
+  PyObject *nn = PyObject_GetAttrString(torch, "nn");
+  if (!nn) return NULL;
+  Py_XSETREF(g_param_type, PyObject_GetAttrString(nn, "Parameter"));
+  Py_DECREF(nn);
+  Py_XSETREF(g_tensor_type, PyObject_GetAttrString(torch, "Tensor"));
+  if (!g_param_type || !g_tensor_type) return NULL;
+  g_ready = g_cpu_ok = 1;
+  g_fast_ready = 0;
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"rmsnorm", (PyCFunction)(void (*)(void))py_rmsnorm, METH_FASTCALL, "rmsnorm(x, weight, eps, residual|None)"},
+    {"swiglu", (PyCFunction)(void (*)(void))py_swiglu, METH_FASTCALL, "swiglu(gate, up)"},
+    {"swiglu_fused", (PyCFunction)(void (*)(void))py_swiglu_fused, METH_FASTCALL, "swiglu_fused(gate_up)"},
+    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_FASTCALL, "linear(x [M, K], weight [N, K], bias|None)"},
+    {"learn_linear", py_learn_linear, METH_VARARGS, "learn_linear(x, weight, bias, recipe|None[, reason])"},
+    {"derive", py_derive, METH_VARARGS, "derive(op, inputs, outputs, cfg) -> (grid, params) | None"},
+    {"learn", py_learn, METH_VARARGS, "learn(op, inputs, outputs, cfg, grid, params, info) -> (ok, reason)"},
+    {"invalidate", py_invalidate, METH_NOARGS, "drop every plan"},
+    {"stats", py_stats, METH_NOARGS, "hit / miss counters and plans"},
+    {"setup", py_setup, METH_O, "setup(torch)"},
+    {"setup_cpu", py_setup_cpu, METH_O, "setup_cpu(torch): derive/learn only"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_tik_native", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__tik_native(void) {
+  s_dtype = PyUnicode_InternFromString("dtype");
+  s_shape = PyUnicode_InternFromString("shape");
+  s_stride = PyUnicode_InternFromString("stride");
+  s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  s_get_device = PyUnicode_InternFromString("get_device");
+  s_requires_grad = PyUnicode_InternFromString("requires_grad");
+  s_kwnames = Py_BuildValue("(ss)", "dtype", "device");
+  if (!s_kwnames) return NULL;
+  return PyModule_Create(&moddef);
+}

@@ -1,0 +1,1 @@
+"""Benchmarks and GPU step scripts (repository only, not installed)."""

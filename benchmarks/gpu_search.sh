@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU call: install the project (offline, no deps), run the knob search on one spec (default: H200
+# attention), leave the run directory under $OUT (and all of it in $OUT/NAME.tgz: commit the unpacked tree
+# under evidence/search/). Resumes when $OUT/$NAME already holds a run (or RESUME_FROM names one).
+#   bash benchmarks/gpu_search.sh [NAME] [TIME_BUDGET_S] [extra `tik search run` args, e.g. --max-steps 12]
+# SPEC: the evaluation spec (default search/specs/h200_attention.yaml); the batch-invariant GEMM:
+#   SPEC=search/specs/h200_gemm.yaml bash benchmarks/gpu_search.sh h200-gemm-knobs 420
+# The spec's root latencies are measured on this GPU at initialization (audit E0000).
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/tik-out}
+NAME=${1:-h200-knobs}
+SPEC=${SPEC:-search/specs/h200_attention.yaml}
+BUDGET=${2:-420}
+shift 2 2>/dev/null || shift $#
+mkdir -p "$OUT"
+# resume a run brought back from an earlier call: RESUME_FROM=path/to/run (copied to $OUT/$NAME, made writable)
+if [ -n "$RESUME_FROM" ] && [ ! -e "$OUT/$NAME" ]; then
+  cp -r "$RESUME_FROM" "$OUT/$NAME" && chmod -R u+w "$OUT/$NAME" && rm -f "$OUT/$NAME/.lock"
+fi
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+echo "spec: $SPEC"
+python3 -m areal_tik_plugin.cli search run --driver knobs --spec "$SPEC" --impl tik_v1 \
+  --run-dir "$OUT/$NAME" --time-budget-s "$BUDGET" --quick "$@" 2>&1 | tee -a "$OUT/$NAME.log"
+rc=${PIPESTATUS[0]}
+python3 -m areal_tik_plugin.cli search status "$OUT/$NAME" | tee -a "$OUT/$NAME.log"
+python3 -m areal_tik_plugin.cli search report "$OUT/$NAME" 2>/dev/null || echo "(report: run 'tik search report' where matplotlib is installed)"
+# the device returns at most 8 files, 2 folders deep: the whole run directory (records/, impls/) as one tarball
+tar czf "$OUT/$NAME.tgz" -C "$OUT" "$NAME" && echo "run directory: $OUT/$NAME.tgz"
+exit $rc

@@ -1,0 +1,1 @@
+"""Profiling helpers for one-off GPU investigations (repository only)."""

@@ -1,0 +1,103 @@
+"""The trimmed FlashInfer wheel (devenv/flashinfer_wheel.py): the include scan on small synthetic trees,
+and, where the PyPI wheel is cached (~/.cache/tik-fi; CI does not download 100 MB per run), that the
+trimmed wheel installs into a temp dir, carries every JIT source and header closure, and imports."""
+
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from devenv import flashinfer_wheel as fw
+
+
+def test_header_closure_follows_quoted_and_angle_includes_through_include_dirs():
+    files = {
+        "flashinfer/data/csrc/norm.cu": '#include "tvm_ffi_utils.h"\n#include <flashinfer/norm.cuh>\n#include <cuda_runtime.h>',
+        "flashinfer/data/csrc/tvm_ffi_utils.h": "#include <tvm/ffi/function.h>\n",
+        "flashinfer/data/include/flashinfer/norm.cuh": '#include "utils.cuh"\n#if X\n#include <cute/tensor.hpp>\n#endif',
+        "flashinfer/data/include/flashinfer/utils.cuh": "",
+        "flashinfer/data/cutlass/include/cute/tensor.hpp": '#include "cute/../cute/layout.hpp"',
+        "flashinfer/data/cutlass/include/cute/layout.hpp": "",
+        "flashinfer/data/include/flashinfer/unused.cuh": "",
+    }
+    kept, unresolved = fw.header_closure(set(files), files.__getitem__, ["flashinfer/data/csrc/norm.cu"])
+    assert kept == set(files) - {"flashinfer/data/include/flashinfer/unused.cuh"}
+    assert unresolved == {"tvm/ffi/function.h", "cuda_runtime.h"}
+
+
+def test_manifest_keeps_python_drops_other_gpus_and_unused_data():
+    names = ["flashinfer/__init__.py", "flashinfer/norm/__init__.py", "flashinfer/experimental/b12x/x.py",
+             "flashinfer/data/csrc/norm.cu", "flashinfer/data/csrc/unused.cu", "flashinfer/moe_ep/a.py",
+             "flashinfer_python-0.7.4.dist-info/METADATA", "flashinfer_python-0.7.4.dist-info/RECORD",
+             "flashinfer/jit/activation.py", "flashinfer/data/include/flashinfer/activation.cuh"]
+    texts = {"flashinfer/jit/activation.py": "s = '''#include <flashinfer/activation.cuh>'''"}
+    m = fw.manifest(names, lambda p: texts.get(p, ""))
+    assert "flashinfer/data/csrc/norm.cu" in m["keep"]
+    assert "flashinfer/data/include/flashinfer/activation.cuh" in m["keep"]  # named by Python-embedded C++
+    assert "flashinfer/data/csrc/unused.cu" not in m["keep"]
+    assert "flashinfer/experimental/b12x/x.py" not in m["keep"] and "flashinfer/moe_ep/a.py" not in m["keep"]
+    assert "flashinfer/__init__.py" in m["keep"] and "flashinfer/norm/__init__.py" in m["keep"]
+    assert not any(k.endswith("RECORD") for k in m["keep"])  # rewritten by trim()
+    assert "rope.cu" in m["missing_sources"]
+
+
+CACHED = os.path.join(fw.CACHE, fw.WHEEL)
+
+
+@pytest.fixture(scope="module")
+def trimmed(tmp_path_factory):
+    if not os.path.exists(CACHED):
+        pytest.skip(f"{CACHED} not cached (python -m devenv.flashinfer_wheel DEST downloads it once)")
+    d = tmp_path_factory.mktemp("whl")
+    m = fw.trim(CACHED, str(d), level=1)  # the size check below allows for the weaker compression
+    site = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", str(site), m["wheel"]], check=True)
+    return m, site
+
+
+def test_trimmed_wheel_fits_and_carries_every_jit_source(trimmed):
+    m, site = trimmed
+    assert not m["missing_sources"]
+    assert m["after_mib"] <= fw.LIMIT_MIB
+    for s in fw.JIT_SOURCES:
+        assert (site / "flashinfer/data/csrc" / s).is_file(), s
+    for h in ("flashinfer/data/include/flashinfer/norm.cuh", "flashinfer/data/include/flashinfer/pos_enc.cuh",
+              "flashinfer/data/include/flashinfer/activation.cuh", "flashinfer/data/csrc/tvm_ffi_utils.h",
+              "flashinfer/data/include/flashinfer/attention/hopper/variants.cuh"):
+        assert (site / h).is_file(), h
+    with zipfile.ZipFile(m["wheel"]) as z:  # RECORD lists exactly the files carried
+        rec = [ln.split(",")[0] for ln in z.read(next(n for n in z.namelist() if n.endswith("RECORD")))
+               .decode().splitlines() if ln]
+        assert sorted(rec) == sorted(z.namelist())
+
+
+def test_trimmed_wheel_imports_the_benchmarked_modules(trimmed):
+    _, site = trimmed
+    needs = ("tvm_ffi", "pynvml", "einops", "tabulate")
+    missing = [n for n in needs if subprocess.run([sys.executable, "-c", f"import {n}"], capture_output=True).returncode]
+    if missing:
+        pytest.skip(f"FlashInfer's import-time requirements absent here: {missing}")
+    # the JIT specs of every module the benchmarks build render (templates -> generated sources) and name
+    # only files that exist, and their ninja files write (no compiler needed for either)
+    code = ("import torch, flashinfer, flashinfer.norm, flashinfer.rope, flashinfer.activation, flashinfer.page, "
+            "flashinfer.decode, flashinfer.prefill\n"
+            "from flashinfer.jit import norm, rope, activation, sampling, page\n"
+            "from flashinfer.jit.attention import modules as M\n"
+            "bf = torch.bfloat16\n"
+            "specs = [norm.gen_norm_module(), rope.gen_rope_module(), activation.gen_act_and_mul_module('silu'),"
+            " sampling.gen_sampling_module(), page.gen_page_module(),"
+            " M.gen_batch_decode_module(bf, bf, bf, torch.int32, 128, 128, 0, False, False)]\n"
+            "specs += [M.gen_batch_prefill_module(b, bf, bf, bf, torch.int32, 128, 128, 0, False, False, False)"
+            " for b in ('fa2', 'fa3')]\n"
+            "for s in specs:\n"
+            "    assert s.sources and all(p.is_file() for p in s.sources), s.name\n"
+            "    s.write_ninja()\n"
+            "print(flashinfer.__version__)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(site), "FLASHINFER_USE_CUDA_NORM": "1",
+                            "FLASHINFER_CUDA_ARCH_LIST": "9.0a", "FLASHINFER_WORKSPACE_BASE": str(site.parent / "ws")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == fw.VERSION
