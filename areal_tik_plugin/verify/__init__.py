@@ -519,8 +519,21 @@ def run_verify(model_name: str = "tiny-qwen3", *, layers: int | None = None, bat
         raise ValueError(f"--page-size: expected a power of two, got {page_size}")
     if layers is not None and layers < 1:
         raise ValueError(f"--layers: expected >= 1, got {layers}")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device: expected cuda or cpu, got {dev}")
+    if not (isinstance(temperature, (int, float)) and 0 < temperature < float("inf")):
+        raise ValueError(f"--temperature: expected a finite float > 0, got {temperature!r}")
+    if prefill_chunk < 0:
+        raise ValueError(f"--prefill-chunk: expected >= 0 (0: whole prompt), got {prefill_chunk}")
+    if single < 0:
+        raise ValueError(f"--single: expected >= 0, got {single}")
+    if max_tokens_per_forward < 1:
+        raise ValueError(f"--max-tokens-per-forward: expected >= 1, got {max_tokens_per_forward}")
     T.require_ops(("kv_write", "token_logprobs") + T.MOE_OPS)
 
+    if not prompt_file:  # bad lengths are refused before the model is built
+        parse_lengths(prompt_len, batch, "--prompt-len")
+    parse_lengths(response_len, batch, "--response-len")
     say(f"building {model_name} on {dev}")
     model = build_model(model_name, layers=layers, dtype=dt, device=dev, seed=seed, attn_implementation=stock_attn)
     cfg = model.config

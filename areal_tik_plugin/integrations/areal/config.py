@@ -77,6 +77,7 @@ class TikConfig:
     actor_engine: str = "fsdp"
 
     def __post_init__(self):
+        self._check_types()
         if self.prox_mode not in PROX_MODES:
             raise TikConfigError(f"tik.prox_mode: expected one of {PROX_MODES}, got {self.prox_mode!r}")
         if self.on_mismatch not in ON_MISMATCH:
@@ -91,7 +92,8 @@ class TikConfig:
             raise TikConfigError(f"tik.sglang_device: expected auto|cuda|cpu, got {self.sglang_device!r}")
         if isinstance(self.verified_rollout_tp, int):
             self.verified_rollout_tp = [self.verified_rollout_tp]
-        self.verified_rollout_tp = [int(x) for x in self.verified_rollout_tp]
+        if any(x < 1 for x in self.verified_rollout_tp):
+            raise TikConfigError(f"tik.verified_rollout_tp: expected tensor-parallel sizes >= 1, got {self.verified_rollout_tp}")
         if isinstance(self.sglang_extra_args, str):
             self.sglang_extra_args = self.sglang_extra_args.split()
         if self.implementation:
@@ -109,6 +111,26 @@ class TikConfig:
 
             os.environ["TIK_IMPLEMENTATION"] = self.implementation
             loader.set_implementation(self.implementation)
+
+    def _check_types(self) -> None:
+        """Each option has the type of its default (YAML ``true``/``1``/``x`` are told apart), so a typo
+        such as ``tik.enable=3`` or ``tik.monitor_every=1.5`` is refused instead of read loosely."""
+        for f in dataclasses.fields(self):
+            v, name = getattr(self, f.name), f"tik.{f.name}"
+            if f.name == "verified_rollout_tp":
+                ok = _is_int(v) or (isinstance(v, (list, tuple)) and all(_is_int(x) for x in v))
+                want = "an int or a list of ints"
+            elif f.name == "sglang_extra_args":
+                ok = isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v))
+                want = "a string or a list of strings"
+            elif isinstance(f.default, bool):
+                ok, want = isinstance(v, bool), "true or false"
+            elif isinstance(f.default, int):
+                ok, want = _is_int(v), "an int"
+            else:
+                ok, want = isinstance(v, str), "a string"
+            if not ok:
+                raise TikConfigError(f"{name}: expected {want}, got {v!r} ({type(v).__name__})")
 
     # -- (de)serialisation: an env var every AReaL worker inherits -----------------------------
     def to_env(self) -> str:
@@ -129,6 +151,10 @@ class TikConfig:
         """``["tik.enable=true", "+tik.monitor_every=1", ...]`` over ``base`` (a YAML ``tik:``
         section) -> TikConfig; unknown keys raise."""
         return cls(**{**(base or {}), **parse_overrides(overrides)})
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
