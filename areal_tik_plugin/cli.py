@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = [
     "areal_tik_plugin.search.cli",  # search (kernel search: IR, evaluator, drivers)
     "areal_tik_plugin.verify",  # verify: Constraint (1) for a whole model
     "areal_tik_plugin.integrations.sglang_check",  # sglang-check: which ops SGLang ran through ours
+    "areal_tik_plugin.qualify",  # qualify: contract suite + verify on this GPU -> user evidence
 ]
 
 

@@ -3,6 +3,14 @@
 
 ``tik evidence --json`` summarizes it per op; ``tests/test_evidence.py`` fails when the selected
 implementation has no passing evidence for its current hash.
+
+Bits are only ever compared within one environment, so evidence covers one (kernels x Triton x torch x
+GPU) combination: :func:`env_key`. The committed evidence was produced on H200s with the Triton / torch
+recorded in each file; a user's own combination is covered by ``tik qualify`` (contract suite + ``tik
+verify`` on their GPU), which writes a qualification record (:func:`qualification_record`) to the user
+evidence dir (:func:`user_evidence_dir`). :func:`find_qualification` looks in both places; the loader
+(at the first kernel load on a GPU) and the AReaL plan report when nothing covers the running
+environment.
 """
 
 from __future__ import annotations
@@ -13,6 +21,9 @@ import os
 from typing import Any
 
 SCHEMA = "areal-tik-evidence/1"
+QUALIFY_SCHEMA = "areal-tik-qualify/1"
+# the environment fields evidence is bound to (beyond the kernels' name and source hash)
+ENV_KEY_FIELDS = ("triton", "torch", "gpu", "sm")
 
 
 def repo_evidence_dir() -> str:
@@ -21,6 +32,16 @@ def repo_evidence_dir() -> str:
         return env
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.path.join(here, "evidence")
+
+
+def user_evidence_dir() -> str:
+    """Where ``tik qualify`` writes by default: ``$TIK_USER_EVIDENCE_DIR`` or
+    ``$XDG_CACHE_HOME/areal_tik_plugin/evidence`` (``~/.cache/...``)."""
+    env = os.environ.get("TIK_USER_EVIDENCE_DIR")
+    if env:
+        return env
+    return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "areal_tik_plugin",
+                        "evidence")
 
 
 def environment() -> dict[str, Any]:
@@ -231,3 +252,143 @@ def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[st
                                   "mismatched_tokens": cb["shifted"]["mismatched_tokens"],
                                   "max_abs_diff": cb["shifted"]["max_abs_diff"]})
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# evidence per environment: the contract record, the qualification record, the lookup
+# ------------------------------------------------------------------------------------------------
+def env_key(env: dict[str, Any]) -> dict[str, Any]:
+    """The part of an environment evidence is bound to: Triton, torch (with its CUDA tag), GPU name, sm."""
+    return {k: env.get(k) for k in ENV_KEY_FIELDS}
+
+
+def describe_env(impl_name: str, source_hash: str, env: dict[str, Any]) -> str:
+    k = env_key(env)
+    return (f"kernels {impl_name} {source_hash[:12]} x triton {k['triton']} x torch {k['torch']} x "
+            f"{k['gpu'] or 'no GPU'}" + (f" (sm_{k['sm']})" if k.get("sm") else ""))
+
+
+def contract_record(impl, env: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """The header of a contract-suite evidence file (``python -m areal_tik_plugin.gpu``); the suite fills
+    ``ops[op]`` with each op's :class:`~areal_tik_plugin.gpu.suite.Recorder` JSON."""
+    import time
+
+    return {"schema": SCHEMA, "implementation": impl.name, "source_hash": impl.source_hash, "env": env,
+            "argv": list(argv), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ops": {}}
+
+
+def _contract_counts(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    per_op: dict[str, dict[str, int]] = {}
+    for r in records:
+        for op, o in (r.get("ops") or {}).items():
+            c = per_op.setdefault(op, {"passed": 0, "failed": 0})
+            for chk in o.get("checks", []):
+                c["passed" if chk.get("passed") else "failed"] += 1
+    return per_op
+
+
+def qualification_record(impl, env: dict[str, Any], contract: list[dict[str, Any]], verify: list[dict[str, Any]],
+                         argv: list[str] | None = None, files: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``tik qualify`` writes: the contract suite's records and ``tik verify`` reports of one run,
+    reduced to per-op and per-model verdicts, bound to ``impl`` and ``env``. ``ok`` only when every op the
+    implementation declares has passing checks and none failed, every verify report is bit-identical,
+    and every input was produced for the same kernels and environment."""
+    import time
+
+    declared = sorted({e.split(".")[0] for e in impl.manifest["entry_points"]})
+    per_op = _contract_counts(contract)
+    problems = []
+    for r in contract:
+        if r.get("schema") != SCHEMA:
+            problems.append(f"contract record with schema {r.get('schema')!r}, expected {SCHEMA!r}")
+        elif (r.get("implementation"), r.get("source_hash")) != (impl.name, impl.source_hash):
+            problems.append(f"contract record for {r.get('implementation')} {str(r.get('source_hash'))[:12]}")
+        elif env_key(r.get("env") or {}) != env_key(env):
+            problems.append(f"contract record from another environment: {env_key(r.get('env') or {})}")
+    for v in verify:
+        ih = v.get("implementation") or {}
+        if (ih.get("name"), ih.get("source_hash")) != (impl.name, impl.source_hash):
+            problems.append(f"verify report of {v.get('model')} for other kernels {ih}")
+        elif env_key(v.get("env") or {}) != env_key(env):
+            problems.append(f"verify report of {v.get('model')} from another environment")
+    missing = [op for op in declared if per_op.get(op, {}).get("passed", 0) == 0]
+    failed = {op: c["failed"] for op, c in per_op.items() if c["failed"]}
+    models = [{"model": v.get("model"), "bit_identical": bool(v.get("plugin_bit_identical")),
+               "checks": len(v.get("checks", []))} for v in verify]
+    ok = not problems and not missing and not failed and bool(models) and all(m["bit_identical"] for m in models)
+    return {"schema": QUALIFY_SCHEMA, "implementation": impl.name, "source_hash": impl.source_hash,
+            "env": env, "env_key": env_key(env), "argv": list(argv or []),
+            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "contract": per_op, "ops_missing": missing, "ops_failed": failed, "models": models,
+            "problems": problems, "files": files or {}, "ok": ok}
+
+
+def write_qualification(out_dir: str, record: dict[str, Any]) -> str:
+    """Write ``record`` (from :func:`qualification_record`) under ``out_dir``; returns the path."""
+    if record.get("schema") != QUALIFY_SCHEMA:
+        raise ValueError(f"expected a {QUALIFY_SCHEMA} record from qualification_record(), got "
+                         f"schema {record.get('schema')!r}")
+    k = record["env_key"]
+    tag = "-".join(str(k.get(f) or "none").replace(" ", "_").replace("/", "_") for f in ENV_KEY_FIELDS)
+    d = os.path.join(out_dir, "qualify")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"{record['implementation']}-{record['source_hash'][:12]}-{tag}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def evidence_roots() -> list[str]:
+    """Where evidence is looked up: the user evidence dir (``tik qualify``) and the committed evidence."""
+    extra = [p for p in os.environ.get("TIK_EVIDENCE_PATH", "").split(os.pathsep) if p]
+    out = []
+    for p in [user_evidence_dir(), *extra, repo_evidence_dir()]:
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def find_qualification(impl, env: dict[str, Any] | None = None, roots: list[str] | None = None) -> dict[str, Any]:
+    """Evidence covering ``impl`` x ``env`` (default: this process's environment).
+
+    Accepted: a passing ``tik qualify`` record for the same kernels and :func:`env_key`, or committed
+    contract-suite records for the same kernels and environment that together cover every declared op
+    with no failed check. Returns ``{"covered", "source", "message", "other_envs"}``."""
+    env = environment() if env is None else env
+    roots = evidence_roots() if roots is None else roots
+    key = env_key(env)
+    want = describe_env(impl.name, impl.source_hash, env)
+    others: list[dict[str, Any]] = []
+    for root in roots:
+        for p in sorted(glob.glob(os.path.join(root, "qualify", "*.json"))):
+            rec = _load_json(p)
+            if not rec or rec.get("schema") != QUALIFY_SCHEMA:
+                continue
+            if (rec.get("implementation"), rec.get("source_hash")) != (impl.name, impl.source_hash):
+                continue
+            if rec.get("env_key") != key:
+                others.append(rec.get("env_key"))
+                continue
+            if rec.get("ok"):
+                return {"covered": True, "source": p, "other_envs": others,
+                        "message": f"evidence for {want}: tik qualify record {p}"}
+    declared = sorted({e.split(".")[0] for e in impl.manifest["entry_points"]})
+    for root in roots:
+        recs = [r for r in load_all(impl.name, root) if r.get("source_hash") == impl.source_hash]
+        same = [r for r in recs if env_key(r.get("env") or {}) == key]
+        others += [env_key(r.get("env") or {}) for r in recs if env_key(r.get("env") or {}) != key]
+        counts = _contract_counts(same)
+        if same and all(counts.get(op, {}).get("passed", 0) > 0 for op in declared) \
+                and not any(c["failed"] for c in counts.values()):
+            return {"covered": True, "source": os.path.dirname(same[0]["_path"]), "other_envs": others,
+                    "message": f"evidence for {want}: contract suite records in {os.path.dirname(same[0]['_path'])}"}
+    uniq = []
+    for o in others:
+        if o not in uniq:
+            uniq.append(o)
+    seen = "; ".join(f"triton {o['triton']} x torch {o['torch']} x {o['gpu']}" for o in uniq[:4]) or "none"
+    return {"covered": False, "source": None, "other_envs": uniq,
+            "message": (f"no GPU evidence for {want} (evidence for these kernels exists for: {seen}); bits are "
+                        f"only established per environment: run `tik qualify` on this machine (writes to "
+                        f"{user_evidence_dir()})")}

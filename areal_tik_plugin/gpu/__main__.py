@@ -35,15 +35,7 @@ def main(argv=None) -> int:
     if unknown:
         print(f"unknown ops {unknown}; expected from {list(OP_MODULES)}", file=sys.stderr)
         return 2
-    record = {
-        "schema": evidence.SCHEMA,
-        "implementation": impl.name,
-        "source_hash": impl.source_hash,
-        "env": evidence.environment(),
-        "argv": sys.argv[1:] if argv is None else list(argv),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "ops": {},
-    }
+    record = evidence.contract_record(impl, evidence.environment(), sys.argv[1:] if argv is None else list(argv))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{impl.name}-{impl.source_hash[:12]}-{'-'.join(ops)[:60]}.json")
     table = []
