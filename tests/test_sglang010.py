@@ -4,7 +4,7 @@ pins: no plugin system, so every tik Engine enters through the launcher path
 with that venv's Triton 3.5.1 and transformers 5.3.0.
 
 Opt-in lane: runs when ``TIK_SGLANG_010_VENV`` names a venv made by ``.ci/install_sglang010.sh``. Not in
-.ci/run: the lane costs more than the CI budget allows on 2 cores (see the install script's header).
+.ci/run: on a shared 2-core machine the install took 458 s and the proof 927 s, beyond the CI budget.
 """
 
 from __future__ import annotations
