@@ -154,3 +154,16 @@ def test_version_checks_name_what_to_install(monkeypatch):
     with pytest.raises(ValueError, match="TIK_ALLOW_UNTESTED='maybe'"):
         versions.check_triton("3.7.0")
     assert versions.fast_host_path("3.6.0") and not versions.fast_host_path("3.5.1")
+
+
+def test_committed_evidence_covers_only_the_environment_it_was_produced_in():
+    """The committed contract records for the selected kernels cover the (Triton, torch, GPU) recorded in
+    them; AReaL 1.0.4's default stack (torch 2.9.1 / Triton 3.5.1) on the same GPU is not covered."""
+    impl = loader.load_implementation(loader.resolve_path(loader.selected_name("sm_90")))
+    recs = [r for r in evidence.load_all(impl.name) if r.get("source_hash") == impl.source_hash]
+    assert recs, "no committed contract evidence for the selected kernels"
+    env = recs[0]["env"]
+    repo = [evidence.repo_evidence_dir()]
+    assert evidence.find_qualification(impl, env=env, roots=repo)["covered"]
+    st = evidence.find_qualification(impl, env={**env, "triton": "3.5.1", "torch": "2.9.1+cu128"}, roots=repo)
+    assert st["covered"] is False and f"triton {env['triton']} x torch {env['torch']}" in st["message"]
