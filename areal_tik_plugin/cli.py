@@ -24,10 +24,12 @@ def _cmd_evidence(args) -> int:
 
     impl = loader.load_implementation(loader.resolve_path(args.implementation or loader.selected_name("sm_90")))
     s = evidence.summary(impl)
+    s["running_environment"] = loader.evidence_status(impl)  # this machine's Triton x torch x GPU
     if args.json:
         print(json.dumps(s, indent=2))
     else:
         print(f"implementation {s['implementation']}  source hash {s['source_hash'][:16]}")
+        print(f"this machine: {s['running_environment']['message']}")
         print(f"{'op':<12}{'evidence':>9}{'passed':>8}{'failed':>8}  benchmarks (geomean ratio baseline/ours)")
         for op, v in s["ops"].items():
             b = ", ".join(f"{k} {x['geomean']:.2f}" for k, x in v["benchmarks"].items())
