@@ -3,6 +3,8 @@ pins: no plugin system, so every tik Engine enters through the launcher path
 (:mod:`areal_tik_plugin.integrations.sglang_launch`: HTTP/engine process + spawned scheduler processes),
 with that venv's Triton 3.5.1 and transformers 5.3.0.
 
+The HTTP server path (what AReaL starts) is checked by tests/sglang_http_check.py.
+
 Opt-in lane: runs when ``TIK_SGLANG_010_VENV`` names a venv made by ``.ci/install_sglang010.sh``. Not in
 .ci/run: on a shared 2-core machine the install took 458 s and the proof 927 s, beyond the CI budget.
 """
@@ -47,3 +49,19 @@ def test_sglang_proof_on_0_5_10():
     tail = (r.stdout + r.stderr)[-5000:]
     assert r.returncode == 0, tail
     assert "3 passed" in r.stdout and "skipped" not in r.stdout, tail
+
+
+def test_http_server_through_the_launcher_on_0_5_10(tmp_path):
+    """The path AReaL takes: SGLang 0.5.10's HTTP server started by the launcher (HTTP process + spawned
+    scheduler), greedy and sampled ``/generate`` log-probs bit-identical to the training side."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("TIK_SGLANG_010_VENV", "PYTHONPATH")}
+    r = subprocess.run([_py(), "tests/sglang_http_check.py", str(tmp_path), str(port)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1200)
+    tail = (r.stdout + r.stderr)[-4000:]
+    assert r.returncode == 0, tail
+    assert "mismatching requests: [] of 3" in r.stdout and "ops ok: True" in r.stdout, tail
