@@ -75,6 +75,9 @@ class TikConfig:
     implementation: str = ""
     # set by apply() from actor.backend: which engine's hooks the workers install (fsdp | megatron)
     actor_engine: str = "fsdp"
+    # refuse (plan and every worker's first kernel load) when no GPU evidence covers the running
+    # kernels x Triton x torch x GPU (`tik qualify` produces it); false: the plan notes it, workers warn
+    require_evidence: bool = False
 
     def __post_init__(self):
         self._check_types()
@@ -327,6 +330,9 @@ def check(cfg, tik: TikConfig, model_type: str | None = None) -> None:
                     f"tik.model_type=<one of {list(fams)}>")
     elif model_type not in fams:
         errs.append(f"model family {model_type!r} is not patched by the plugin (supported: {list(fams)})")
+    ev = evidence_status()
+    if tik.require_evidence and ev["covered"] is False:
+        errs.append(f"tik.require_evidence=true: {ev['message']}")
     s = staleness_of(cfg)
     if s > 0 and tik.prox_mode == "loglinear" and getattr(a, "rejection_sampling", None) is None:
         errs.append("staleness > 0 with tik.prox_mode=loglinear needs actor.rejection_sampling (e.g. "
@@ -346,7 +352,7 @@ def plan(cfg, tik: TikConfig, model_type: str | None = "__detect__") -> Plan:
         model_type = detect_model_type(cfg, tik)
     check(cfg, tik, model_type)
     changes: dict[str, tuple] = {}
-    notes = [f"model family {model_type}"]
+    notes = [f"model family {model_type}", evidence_status()["message"]]
 
     def setv(name, value):
         old = getattr(a, name)
@@ -380,6 +386,19 @@ def plan(cfg, tik: TikConfig, model_type: str | None = "__detect__") -> Plan:
     return Plan(True, mode, s, fwd, changes, notes)
 
 
+def evidence_status() -> dict:
+    """GPU evidence for the selected kernels x this process's Triton x torch x GPU
+    (:func:`areal_tik_plugin.runtime.loader.evidence_status`); ``covered`` is None where this process has no GPU
+    (the controller of a multi-node job): the workers check at their first kernel load."""
+    from areal_tik_plugin.runtime import loader
+
+    st = dict(loader.evidence_status())
+    if st["covered"] is None:
+        st["message"] = ("evidence: this process has no GPU; each worker checks the evidence for its "
+                         "kernels x Triton x torch x GPU at its first kernel load")
+    return st
+
+
 def _forward_runs(decoupled: bool, recompute: bool, method: str) -> bool:
     # AReaL's PPOActorConfig.should_compute_prox_logp()
     return bool((decoupled and method not in ("loglinear",)) or (not decoupled and recompute))
@@ -396,6 +415,8 @@ def apply(cfg, p: Plan, tik: TikConfig) -> None:
     for spec in iter_scheduling_specs(cfg):
         spec.env_vars = dict(spec.env_vars or {})
         spec.env_vars[ENV_VAR] = env
+        if tik.require_evidence:
+            spec.env_vars["TIK_REQUIRE_EVIDENCE"] = "1"
         # also for baseline runs: the SGLang command for the installed SGLang + the observing monitor
         spec.cmd = worker_cmd(spec.cmd)
 
