@@ -35,6 +35,6 @@ $PIP install -q \
   partial-json-parser==0.2.1.1.post7 pillow==13.0.0 psutil==7.2.2 pybase64==1.5.1 \
   python-multipart==0.0.34 pyzmq==27.3.0 requests==2.34.2 sentencepiece==0.2.3 setproctitle==1.3.8 \
   soundfile==0.14.0 starlette==1.10.0 uvicorn==0.54.0 uvloop==0.23.0 xgrammar==0.1.32 \
-  prometheus-client==0.26.0 pydantic scipy tqdm packaging
+  prometheus-client==0.26.0 pydantic scipy tqdm packaging jsonschema
 $PIP install -q --no-deps --no-build-isolation -e . 2>/dev/null || $PIP install -q --no-deps -e .
 echo "sglang 0.5.10.post1 venv at $V took $(( $(date +%s) - start )) s"
