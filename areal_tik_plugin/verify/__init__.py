@@ -729,13 +729,18 @@ def _cmd_verify(args) -> int:
     except (ValueError, NotImplementedError, RuntimeError) as e:
         print(f"tik verify: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    _emit(args, rep, format_table)
+    return 0 if rep["plugin_bit_identical"] else 1
+
+
+def _emit(args, rep: dict, fmt) -> None:
+    """Write the report to ``--out`` and print it (JSON with ``--json``, else ``fmt(rep)``)."""
     text = json.dumps(rep, indent=1)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text)
-    print(text if args.json else format_table(rep))
-    return 0 if rep["plugin_bit_identical"] else 1
+    print(text if args.json else fmt(rep))
 
 
 def _cmd_verify_megatron(args) -> int:
@@ -756,12 +761,7 @@ def _cmd_verify_megatron(args) -> int:
     except (ValueError, NotImplementedError, RuntimeError) as e:
         print(f"tik verify: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    text = json.dumps(rep, indent=1)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
-    print(text if args.json else MV.format_report(rep))
+    _emit(args, rep, MV.format_report)
     return 0 if rep["bit_identical"] else 1
 
 
