@@ -149,7 +149,11 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         ap.print_help()
         return 0
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError) as e:  # bad input: the message, not a traceback
+        print(f"tik {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -35,6 +35,16 @@ def groups(kind: str) -> list[str]:
     return sorted(f[:-5] for f in os.listdir(d) if f.endswith(".yaml"))
 
 
+def _seed(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer seed, got {v!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer seed, got {n}")
+    return n
+
+
 def cells(models, algorithms, staleness, modes, seeds):
     for m, a, s, mode, seed in itertools.product(models, algorithms, staleness, modes, seeds):
         yield {"model": m, "algorithm": a, "staleness": f"s{s}", "mode": mode, "seed": seed}
@@ -63,7 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--algorithm", nargs="+", default=None, choices=groups("algorithm"))
     ap.add_argument("--staleness", nargs="+", type=int, default=None, choices=STALENESS)
     ap.add_argument("--mode", nargs="+", default=None, choices=groups("mode"))
-    ap.add_argument("--seeds", nargs="+", type=int, default=[1])
+    ap.add_argument("--seeds", nargs="+", type=_seed, default=[1])
     ap.add_argument("--spmd", action="store_true", help="SPMD mode (plugin starts SGLang, then torchrun)")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--keep-going", action="store_true", help="continue the matrix after a failed cell")

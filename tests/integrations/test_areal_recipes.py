@@ -189,6 +189,15 @@ def test_matrix_dry_run(capsys):
     assert len(lines) == 2 * 2 * 3 * 2 * 2 and lines[0].startswith("[1/48]")
 
 
+@pytest.mark.parametrize("argv,msg", [(["--model", "qwen9"], "invalid choice"), (["--seeds", "x"], "non-negative"),
+                                      (["--seeds", "-1"], "non-negative"), (["--model", "cpu-tiny"], "every one of"),
+                                      (["--staleness", "3"], "invalid choice"), (["--mode", "fast"], "invalid choice")])
+def test_launcher_refuses_bad_arguments(argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        launch.main(argv + ["--dry-run"])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
 def test_summary_lines(tmp_path, capsys):
     """The gsm8k step's per-mode line: means over the steps after the warm-up, tik/baseline ratio."""
     import json

@@ -193,8 +193,7 @@ def test_cli_markdown_update_and_bad_hash(tmp_path, impl, capsys):
     assert evidence.readme_table(text) == evidence.render_markdown(impl, str(tmp_path / "ev"))
     assert text.startswith("# x\n\n") and text.endswith("\n\n## after\n") and "stale" not in text
     assert main(["evidence", "--markdown", "--strict", "--evidence-dir", str(tmp_path / "ev")]) == 1  # awaiting ops
-    with pytest.raises(ValueError, match="64 lowercase hex"):
-        main(["evidence", "--markdown", "--source-hash", "d23ee6c"])
+    assert main(["evidence", "--markdown", "--source-hash", "d23ee6c"]) == 2  # the message, not a traceback
 
 
 def test_readme_measured_table_is_generated(impl):
@@ -269,3 +268,15 @@ def test_newest_checking_run_decides_and_bench_only_runs_do_not(tmp_path, impl):
     assert ops["rope"]["ok"]
     assert not ops["moe"]["ok"] and ops["moe"]["checks_failed"] == 1
     assert not ops["kv_write"]["ok"] and ops["kv_write"]["evidence_matches_hash"]
+
+
+def test_cli_bad_input_is_a_message_and_exit_2(capsys, tmp_path):
+    """Bad arguments to the tik commands: exit 2 with the expectation named, never a traceback."""
+    from areal_tik_plugin.cli import main
+
+    assert main(["evidence", "--markdown", "--source-hash", "abc"]) == 2
+    assert "64 lowercase hex" in capsys.readouterr().err
+    assert main(["sglang-check", "--model", str(tmp_path / "none")]) == 2
+    assert "checkpoint folder (with config.json)" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "missing")]) == 2
+    assert "no such run source" in capsys.readouterr().err

@@ -313,6 +313,13 @@ def _is_moe(model: str) -> bool:
 
 
 def _cmd_check(args) -> int:
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        raise ValueError(f"--model: expected a local Hugging Face checkpoint folder (with config.json), got {args.model!r}")
+    if args.device not in (None, "cpu", "cuda"):
+        raise ValueError(f"--device: expected cpu or cuda, got {args.device!r}")
+    if args.chunked_prefill_size < 1 or not args.timeout > 0:
+        raise ValueError(f"--chunked-prefill-size / --timeout: expected positive values, got "
+                         f"{args.chunked_prefill_size} / {args.timeout}")
     kw = default_engine_kwargs(args.model, backend="tik", device=args.device,
                                chunked_prefill_size=args.chunked_prefill_size)
     spec = {"engines": [{"engine_kwargs": kw, "jobs": default_jobs()}]}
