@@ -29,15 +29,8 @@ DEFAULT_MODELS = ("tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2", "tiny-llama")
 
 
 def contract_module() -> str:
-    """The contract suite's module (``areal_tik_plugin.contract`` where present, else ``.gpu``)."""
-    for name in ("areal_tik_plugin.contract", "areal_tik_plugin.contract"):
-        try:
-            if importlib.util.find_spec(name) is not None and \
-                    importlib.util.find_spec(name + ".__main__") is not None:
-                return name
-        except ModuleNotFoundError:
-            continue
-    raise RuntimeError("areal_tik_plugin: no contract suite module found (areal_tik_plugin.contract / .gpu)")
+    """The contract suite's module (run as ``python -m``)."""
+    return "areal_tik_plugin.contract"
 
 
 class NoGPUError(RuntimeError):
