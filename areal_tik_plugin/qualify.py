@@ -19,7 +19,6 @@ look for that record; without one they say that nothing covers the running envir
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import os
 import subprocess
