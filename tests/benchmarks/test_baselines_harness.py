@@ -46,7 +46,7 @@ def test_prebuild_failed_keys():
 def test_flashinfer_job_listed_as_failed_is_unavailable(monkeypatch):
     import pytest
 
-    monkeypatch.setenv("TIK_FI_FAILED", "prefill_fa3")
+    monkeypatch.setattr(B, "FI_FAILED", frozenset({"prefill_fa3"}))
     monkeypatch.setitem(B._MODS, "flashinfer", (object(), None))  # as if importable
     import torch
 
@@ -61,7 +61,7 @@ def test_gpu_script_parses_and_names_every_step():
     assert subprocess.run(["bash", "-n", path]).returncode == 0
     text = open(path).read()
     for piece in ("flashinfer_prebuild", "--ops \"$s\" --no-checks", "--ops attention --no-checks",
-                  "benchmarks.layer_bench", "00-baselines.tgz", "TIK_DEADLINE_S", "baselines_table", "TIK_FI_FAILED"):
+                  "benchmarks.layer_bench", "00-baselines.tgz", "--deadline-s", "baselines_table", "--fi-failed"):
         assert piece in text, piece
 
 
