@@ -70,7 +70,7 @@ def test_e2e_step_uses_the_e2e_cell_and_falls_through_to_the_gsm8k_runner():
     assert subprocess.run(["bash", "-n", path]).returncode == 0
     text = open(path).read()
     e2e = text[text.index("    gsm8k-e2e)"):text.index("    gsm8k)")]
-    assert "gpu-e2e-qwen3" in e2e and "TIK_E2E_ATTN_IMPL" in e2e and e2e.rstrip().endswith(";&")
+    assert "gpu-e2e-qwen3" in e2e and "actor.attn_impl=$e2e_attn_impl" in e2e and e2e.rstrip().endswith(";&")
     assert ".whl-fi" in text and "cli compare $runs" in text
 
 
