@@ -919,7 +919,10 @@ def main(argv=None) -> int:
 
     B.add_arguments(ap)
     args = ap.parse_args(argv)
-    B.configure(args.baselines_off, args.fi_failed)
+    try:
+        B.configure(args.baselines_off, args.fi_failed)
+    except ValueError as e:
+        ap.error(str(e))
 
     import torch
 

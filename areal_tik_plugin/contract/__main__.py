@@ -32,11 +32,8 @@ def configure(args) -> None:
     attention.configure(args.fi_prefill_backends)
 
 
-def main(argv=None) -> int:
-    from areal_tik_plugin import evidence
-    from areal_tik_plugin.runtime import loader
+def build_parser() -> argparse.ArgumentParser:
     from areal_tik_plugin.contract import OP_MODULES
-    from areal_tik_plugin.contract.suite import Recorder
 
     ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.contract")
     ap.add_argument("--out", required=True, help="folder for the evidence JSON")
@@ -46,8 +43,21 @@ def main(argv=None) -> int:
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-checks", action="store_true")
     add_arguments(ap)
+    return ap
+
+
+def main(argv=None) -> int:
+    from areal_tik_plugin import evidence
+    from areal_tik_plugin.runtime import loader
+    from areal_tik_plugin.contract import OP_MODULES
+    from areal_tik_plugin.contract.suite import Recorder
+
+    ap = build_parser()
     args = ap.parse_args(argv)
-    configure(args)
+    try:
+        configure(args)
+    except ValueError as e:
+        ap.error(str(e))
 
     import torch
 
