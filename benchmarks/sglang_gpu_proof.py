@@ -144,6 +144,8 @@ def main(argv=None) -> int:
         env = {"SGLANG_PLUGINS": "none", "TIK_SGLANG_STATS": ""}
         fused = "sgl-kernel (installed)"
         if a.stub_sgl_kernel and a.sgl_kernel_shim == "flashinfer":
+            # an environment variable, not a flag: the stub is imported inside SGLang's spawned scheduler
+            # processes, whose command lines SGLang builds
             env["TIK_SGL_KERNEL_SHIM"] = "flashinfer"
             fused = ("FlashInfer through devenv/gpu_stubs/sgl_kernel (TIK_SGL_KERNEL_SHIM=flashinfer): "
                      + ", ".join(f"sgl_kernel.{k} -> {m}.{f}" for k, (m, f) in _shim_map().items()))

@@ -1,8 +1,8 @@
 """The GPU step scripts (benchmarks/gpu_*.sh) on CPU: they parse, refuse an unknown option with exit 2 and a
-message, and gpu_integrations.sh / gpu_baselines.sh --dry-run print, with their defaults, the command lines
-those scripts ran when their knobs were environment variables (the model and data of the GSM8K steps, once
-TIK_GPU_MODEL / TIK_GSM8K_DATA, are the Hydra overrides actor.path / train_dataset.path now). Also the flags of
-the Python entry points those scripts pass (parse only)."""
+message, and gpu_integrations.sh / gpu_baselines.sh --dry-run print, with no option given, exactly the command
+lines listed here (the evidence runs' command lines; the GSM8K steps name their model and data as the Hydra
+overrides actor.path / train_dataset.path). Also the flags of the Python entry points the scripts pass (parse
+only)."""
 
 import argparse
 import os
@@ -53,8 +53,8 @@ def test_integrations_refuses_options_after_steps_and_bad_numbers(tmp_path):
 
 
 def _integrations_defaults(W):
-    """What benchmarks/gpu_integrations.sh ran per step with no TIK_* variable set (read from the script that
-    took environment variables); flash_attn not importable, the GSM8K model absent."""
+    """What benchmarks/gpu_integrations.sh runs per step with no option given; flash_attn not importable,
+    the GSM8K model absent."""
     proof = ["python3", "-m", "benchmarks.sglang_gpu_proof"]
     gsm8k = []
     for mode in ("baseline", "tik"):
@@ -151,7 +151,7 @@ def test_integrations_options_reach_the_command_lines(tmp_path):
     assert got[2][got[2].index("--ops") + 1] == "gemm"
 
 
-BASELINE_DEFAULTS = [  # benchmarks/gpu_baselines.sh with no TIK_* variable set (FlashInfer carried)
+BASELINE_DEFAULTS = [  # benchmarks/gpu_baselines.sh with no option given (FlashInfer carried)
     ["python3", "-m", "benchmarks.flashinfer_prebuild", "--out", "{W}/fi_prebuild.json", "--timeout", "240", "--jobs", "14"],
     *[["timeout", "200", "python3", "-m", "areal_tik_plugin.contract", "--out", "{W}", "--ops", s, "--no-checks"]
       for s in ("gemm", "moe", "logprob")],
