@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI extra: AReaL 1.0.4 (pure-python wheel) on CPU for tests/test_areal_*.py. Usage: install_areal.sh VENV
+# CI extra: AReaL 1.0.4 (pure-python wheel) on CPU for tests/integrations/test_areal_*.py. Usage: install_areal.sh VENV
 # AReaL pins torch<2.11 and transformers<=5.3; the project runs CPU torch 2.13.0 and the transformers
 # the project's test extra installs (SGLang 0.5.23's HTTP server needs >=5.4), so AReaL goes in with
 # --no-deps plus the light deps its trainer, FSDP engine, SGLang client, RLVR workflow and stats

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI extra: SGLang 0.5.23 on CPU for the tests/test_sglang_*.py proof. Usage: install_sglang.sh VENV
+# CI extra: SGLang 0.5.23 on CPU for the tests/integrations/test_sglang_*.py proof. Usage: install_sglang.sh VENV
 # Run by .ci/run after the project install (torch 2.13.0 CPU, triton 3.6.0, transformers already in
 # VENV; SGLang 0.5.23 runs with the transformers the project installs). SGLang goes in with --no-deps:
 # its pins pull CUDA torch, sgl-kernel, flashinfer. These are the light deps its CPU import, Engine and

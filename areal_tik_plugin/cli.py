@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = [
     "areal_tik_plugin.search.cli",  # search (kernel search: IR, evaluator, drivers)
     "areal_tik_plugin.verify",  # verify: Constraint (1) for a whole model
     "areal_tik_plugin.integrations.sglang.check",  # sglang-check: which ops SGLang ran through ours
+    "areal_tik_plugin.qualify",  # qualify: contract suite + verify on this GPU -> user evidence
 ]
 
 
@@ -42,10 +43,12 @@ def _cmd_evidence(args) -> int:
             print(f"{op}: timings without a baseline name, not in the table: {', '.join(keys)}", file=sys.stderr)
         return 0 if not args.strict or not (m["awaiting"] or m["failing"]) else 1
     s = evidence.summary(impl, args.evidence_dir)
+    s["running_environment"] = loader.evidence_status(impl)  # this machine's Triton x torch x GPU
     if args.json:
         print(json.dumps(s, indent=2))
     else:
         print(f"implementation {s['implementation']}  source hash {s['source_hash'][:16]}")
+        print(f"this machine: {s['running_environment']['message']}")
         print(f"{'op':<12}{'evidence':>9}{'passed':>8}{'failed':>8}  benchmarks (geomean ratio baseline/ours)")
         for op, v in s["ops"].items():
             b = ", ".join(f"{k} {x['geomean']:.2f}" for k, x in v["benchmarks"].items())

@@ -9,8 +9,16 @@ Benchmark rows (``Recorder.bench``) hold timing dicts ``{"cold_us": ..., "graph_
 (decode rows of attention: ``paged``, the kernel SGLang serves) and one per baseline. A baseline names
 itself exactly with ``"name"`` inside its dict (or ``"<key>_name"`` / ``"baseline_names": {key: name}``
 in the row, or a ``"baselines": {key: {...}}`` dict); ``"context": true`` marks a baseline that is
-context only (eager or stubbed code), never a headline. Row keys written by the suite before baselines
-carried names are named by :data:`KNOWN_BASELINES`.
+context only (eager or stubbed code), never a headline. Unnamed row keys of the suite are named by
+:data:`KNOWN_BASELINES`.
+
+Bits are only ever compared within one environment, so evidence covers one (kernels x Triton x torch x
+GPU) combination: :func:`env_key`. The committed evidence was produced on H200s with the Triton / torch
+recorded in each file; a user's own combination is covered by ``tik qualify`` (contract suite + ``tik
+verify`` on their GPU), which writes a qualification record (:func:`qualification_record`) to the user
+evidence dir (:func:`user_evidence_dir`). :func:`find_qualification` looks in both places; the loader
+(at the first kernel load on a GPU) and the AReaL plan report when nothing covers the running
+environment.
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ import os
 from typing import Any
 
 SCHEMA = "areal-tik-evidence/1"
+QUALIFY_SCHEMA = "areal-tik-qualify/1"
+# the environment fields evidence is bound to (beyond the kernels' name and source hash)
+ENV_KEY_FIELDS = ("triton", "torch", "gpu", "sm")
 
 
 def repo_evidence_dir() -> str:
@@ -30,6 +41,16 @@ def repo_evidence_dir() -> str:
         return env
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.path.join(here, "evidence")
+
+
+def user_evidence_dir() -> str:
+    """Where ``tik qualify`` writes by default: ``$TIK_USER_EVIDENCE_DIR`` or
+    ``$XDG_CACHE_HOME/areal_tik_plugin/evidence`` (``~/.cache/...``)."""
+    env = os.environ.get("TIK_USER_EVIDENCE_DIR")
+    if env:
+        return env
+    return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "areal_tik_plugin",
+                        "evidence")
 
 
 def environment() -> dict[str, Any]:
@@ -105,12 +126,8 @@ def load_all(impl_name: str | None = None, root: str | None = None) -> list[dict
     return out
 
 
-def summary(impl=None, root: str | None = None) -> dict[str, Any]:
-    """Per-op summary for the implementation (default: the selected one)."""
-    from areal_tik_plugin.runtime import loader
-
-    if impl is None:
-        impl = loader.load_implementation(loader.resolve_path(loader.selected_name("sm_90")))
+def summary(impl, root: str | None = None) -> dict[str, Any]:
+    """Per-op summary for the implementation ``impl`` (a loaded :class:`~areal_tik_plugin.runtime.loader.Implementation`)."""
     recs = [r for r in load_all(impl.name, root) if r.get("source_hash") == impl.source_hash]
     ops_declared = sorted({e.split(".")[0] for e in impl.manifest["entry_points"]})
     per_op: dict[str, Any] = {}
@@ -387,22 +404,18 @@ def _latest_per_op(recs: list[dict[str, Any]], key: str) -> dict[str, tuple[dict
     """op -> (op record, evidence record) of the newest file whose record of that op has ``key``
     (``checks``: the run that decides the op's contract status; ``benchmarks``: its numbers)."""
     out: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
-    for r in sorted(recs, key=lambda r: (r.get("started") or "", r["_path"])):
+    for r in sorted(recs, key=lambda r: (r.get("started") or "", r.get("_path", ""))):
         for op, op_rec in (r.get("ops") or {}).items():
             if op_rec.get(key):
                 out[op] = (op_rec, r)
     return out
 
 
-def measured(impl=None, root: str | None = None, source_hash: str | None = None) -> dict[str, Any]:
+def measured(impl, root: str | None = None, source_hash: str | None = None) -> dict[str, Any]:
     """The rows of the Measured table: per op, per workload family and timing method, our time against
     the strongest (fastest) non-context baseline each workload measured, from the newest evidence file
     of ``source_hash`` (default: the implementation's current hash). Ops without such evidence are
     listed in ``awaiting``; ops whose contract checks fail get no performance rows (``failing``)."""
-    from areal_tik_plugin.runtime import loader
-
-    if impl is None:
-        impl = loader.load_implementation(loader.resolve_path(loader.selected_name("sm_90")))
     root = root or repo_evidence_dir()
     h = source_hash or impl.source_hash
     recs = [r for r in load_all(impl.name, root) if r.get("source_hash") == h]
@@ -472,16 +485,15 @@ def _env_line(env: dict[str, Any]) -> str:
     return ", ".join(bits)
 
 
-def render_markdown(impl=None, root: str | None = None, source_hash: str | None = None) -> str:
+def render_markdown(impl, root: str | None = None, source_hash: str | None = None) -> str:
     """The README's Measured table (between :data:`MEASURED_BEGIN` / :data:`MEASURED_END`)."""
     m = measured(impl, root, source_hash)
     files = sorted({r["file"] for r in m["rows"]} | set(m["envs"]))
     ref = {f: f"e{i + 1}" for i, f in enumerate(files)}
     out = [MEASURED_BEGIN,
-           f"Kernels `{m['implementation']}` at the source hash in its manifest; ratio = baseline time / our "
-           "time (> 1: ours is faster), geometric mean over the workloads (min–max); cold = cold-L2 median "
-           "(`triton.testing.do_bench`), graph = warm CUDA-graph replay; baseline = the fastest non-eager "
-           "baseline each workload measured. Generated by `tik evidence --markdown`.",
+           f"Kernels `{m['implementation']}` at its manifest's hash. Ratio = baseline time / ours (> 1: ours "
+           "faster), geomean (min–max) over the workloads; cold = `do_bench` median, graph = CUDA-graph replay; "
+           "baseline = the fastest non-eager one per workload. Generated by `tik evidence --markdown`.",
            ""]
     by_env: dict[str, list[str]] = {}
     for f in files:
@@ -507,12 +519,67 @@ def render_markdown(impl=None, root: str | None = None, source_hash: str | None 
     if m["awaiting"]:
         out.append(f"Awaiting the GPU run for this hash: {', '.join(m['awaiting'])}.")
         out.append("")
+    whole = integration_rows(impl, root, source_hash)
+    if whole:
+        out += ["| whole model / engine | workload | result | baseline | ratio | command | evidence |",
+                "|---|---|---|---|---|---|---|"]
+        for r in whole:
+            out.append(f"| {r['what']} | {r['workload']} | {r['result']} | {r['baseline']} | {r['ratio']} "
+                       f"| `{r['command']}` | {r['file']} |")
+        out.append("")
     for f in files:
         out.append(f"[{ref[f]}]: {f}")
     if files:
         out.append("")
     out.append(MEASURED_END)
     return "\n".join(out) + "\n"
+
+
+def integration_rows(impl, root: str | None = None, source_hash: str | None = None) -> list[dict[str, Any]]:
+    """Whole-model and engine results of the current hash for the Measured block: ``tik verify``, the
+    SGLang Engine proof, the layer bench (each as its producing command wrote it)."""
+    h = source_hash or impl.source_hash
+    if h != impl.source_hash:
+        return []
+    s_models, integ = model_summary(impl, root), integration_summary(impl, root)
+    out = []
+    verified = [v for v in s_models if v["matches_hash"] and v["device"] == "cuda"]
+    shapes = sorted({(v["batch"], v["prompt_len"], v["response_len_min"], v["response_len"]) for v in verified})
+    for b, pl, r0, r1 in shapes:
+        vs = [v for v in verified if (v["batch"], v["prompt_len"], v["response_len_min"], v["response_len"]) ==
+              (b, pl, r0, r1)]
+        ok = all(v["plugin_bit_identical"] for v in vs)
+        out.append({"what": "tik verify " + ", ".join(v["model"] for v in vs),
+                    "file": ", ".join(v["file"] for v in vs),
+                    "workload": f"batch {b}, prompt {pl}, responses {r0}..{r1}",
+                    "result": "bit-identical" if ok else "NOT bit-identical", "baseline": "—", "ratio": "—",
+                    "command": f"tik verify --batch {b} --prompt-len {pl} --response-len {r0}..{r1}"})
+    for r in integ.get("sglang_gpu", []):
+        if not r.get("matches_hash"):
+            continue
+        tps = (r.get("backends", {}).get("tik") or {}).get("greedy_tokens_per_s")
+        others = {k: v for k, v in (r.get("backends") or {}).items() if k != "tik"}
+        base = ", ".join(f"`{k}`: " + ("not run" if v.get("error") or not v.get("greedy_tokens_per_s")
+                                       else f"{v['greedy_tokens_per_s']:.0f} tok/s")
+                         for k, v in others.items()) or "—"
+        out.append({"what": "SGLang Engine, backend `tik`", "file": r["file"],
+                    "workload": f"{r.get('model')}, batch {r.get('batch')}, {r.get('new_tokens')} new tokens"
+                                + (", CUDA graphs" if r.get("cuda_graphs") else ""),
+                    "result": f"{r.get('requests')} requests "
+                              + ("bit-identical to the training forward" if r.get("bit_identical") else "DIFFER")
+                              + (f"; {tps:.0f} tok/s greedy decode" if tps else ""),
+                    "baseline": base, "ratio": "—", "command": "python -m benchmarks.sglang_gpu_proof"})
+    for r in integ.get("layer_bench", []):
+        if not r.get("matches_hash"):
+            continue
+        per = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("per_model_geomean") or {}).items())
+        out.append({"what": "layer bench (rollout + update per layer)", "file": r["file"],
+                    "workload": f"{r['n']} (model, batch, length) cells" + (f": {per}" if per else ""),
+                    "result": "unified kernels, no recompute",
+                    "baseline": "FlashInfer fused ops + cuBLAS rollout, HF + Liger update, recompute on",
+                    "ratio": f"{r['geomean_ratio']:.2f} (min {r['min_ratio']:.2f})",
+                    "command": "python -m benchmarks.layer_bench"})
+    return out
 
 
 def readme_table(text: str) -> str | None:
@@ -537,3 +604,140 @@ def update_readme(path: str, table: str) -> bool:
     with open(path, "w") as f:
         f.write(new)
     return True
+# ------------------------------------------------------------------------------------------------
+# evidence per environment: the contract record, the qualification record, the lookup
+# ------------------------------------------------------------------------------------------------
+def env_key(env: dict[str, Any]) -> dict[str, Any]:
+    """The part of an environment evidence is bound to: Triton, torch (with its CUDA tag), GPU name, sm."""
+    return {k: env.get(k) for k in ENV_KEY_FIELDS}
+
+
+def describe_env(impl_name: str, source_hash: str, env: dict[str, Any]) -> str:
+    k = env_key(env)
+    return (f"kernels {impl_name} {source_hash[:12]} x triton {k['triton']} x torch {k['torch']} x "
+            f"{k['gpu'] or 'no GPU'}" + (f" (sm_{k['sm']})" if k.get("sm") else ""))
+
+
+def contract_record(impl, env: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """The header of a contract-suite evidence file (``python -m areal_tik_plugin.contract``); the suite fills
+    ``ops[op]`` with each op's :class:`~areal_tik_plugin.contract.suite.Recorder` JSON."""
+    import time
+
+    return {"schema": SCHEMA, "implementation": impl.name, "source_hash": impl.source_hash, "env": env,
+            "argv": list(argv), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ops": {}}
+
+
+def _contract_counts(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per op, the passed / failed checks of the newest record that checked it (as :func:`summary`)."""
+    per_op: dict[str, dict[str, int]] = {}
+    for op, (o, _) in _latest_per_op(records, "checks").items():
+        n = sum(1 for chk in o["checks"] if chk.get("passed"))
+        per_op[op] = {"passed": n, "failed": len(o["checks"]) - n}
+    return per_op
+
+
+def qualification_record(impl, env: dict[str, Any], contract: list[dict[str, Any]], verify: list[dict[str, Any]],
+                         argv: list[str] | None = None, files: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``tik qualify`` writes: the contract suite's records and ``tik verify`` reports of one run,
+    reduced to per-op and per-model verdicts, bound to ``impl`` and ``env``. ``ok`` only when every op the
+    implementation declares has passing checks and none failed, every verify report is bit-identical,
+    and every input was produced for the same kernels and environment."""
+    import time
+
+    declared = sorted({e.split(".")[0] for e in impl.manifest["entry_points"]})
+    per_op = _contract_counts(contract)
+    problems = []
+    for r in contract:
+        if r.get("schema") != SCHEMA:
+            problems.append(f"contract record with schema {r.get('schema')!r}, expected {SCHEMA!r}")
+        elif (r.get("implementation"), r.get("source_hash")) != (impl.name, impl.source_hash):
+            problems.append(f"contract record for {r.get('implementation')} {str(r.get('source_hash'))[:12]}")
+        elif env_key(r.get("env") or {}) != env_key(env):
+            problems.append(f"contract record from another environment: {env_key(r.get('env') or {})}")
+    for v in verify:
+        ih = v.get("implementation") or {}
+        if (ih.get("name"), ih.get("source_hash")) != (impl.name, impl.source_hash):
+            problems.append(f"verify report of {v.get('model')} for other kernels {ih}")
+        elif env_key(v.get("env") or {}) != env_key(env):
+            problems.append(f"verify report of {v.get('model')} from another environment")
+    missing = [op for op in declared if per_op.get(op, {}).get("passed", 0) == 0]
+    failed = {op: c["failed"] for op, c in per_op.items() if c["failed"]}
+    models = [{"model": v.get("model"), "bit_identical": bool(v.get("plugin_bit_identical")),
+               "checks": len(v.get("checks", []))} for v in verify]
+    ok = not problems and not missing and not failed and bool(models) and all(m["bit_identical"] for m in models)
+    return {"schema": QUALIFY_SCHEMA, "implementation": impl.name, "source_hash": impl.source_hash,
+            "env": env, "env_key": env_key(env), "argv": list(argv or []),
+            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "contract": per_op, "ops_missing": missing, "ops_failed": failed, "models": models,
+            "problems": problems, "files": files or {}, "ok": ok}
+
+
+def write_qualification(out_dir: str, record: dict[str, Any]) -> str:
+    """Write ``record`` (from :func:`qualification_record`) under ``out_dir``; returns the path."""
+    if record.get("schema") != QUALIFY_SCHEMA:
+        raise ValueError(f"expected a {QUALIFY_SCHEMA} record from qualification_record(), got "
+                         f"schema {record.get('schema')!r}")
+    k = record["env_key"]
+    tag = "-".join(str(k.get(f) or "none").replace(" ", "_").replace("/", "_") for f in ENV_KEY_FIELDS)
+    d = os.path.join(out_dir, "qualify")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"{record['implementation']}-{record['source_hash'][:12]}-{tag}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def evidence_roots() -> list[str]:
+    """Where evidence is looked up: the user evidence dir (``tik qualify``) and the committed evidence."""
+    extra = [p for p in os.environ.get("TIK_EVIDENCE_PATH", "").split(os.pathsep) if p]
+    out = []
+    for p in [user_evidence_dir(), *extra, repo_evidence_dir()]:
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def find_qualification(impl, env: dict[str, Any] | None = None, roots: list[str] | None = None) -> dict[str, Any]:
+    """Evidence covering ``impl`` x ``env`` (default: this process's environment).
+
+    Accepted: a passing ``tik qualify`` record for the same kernels and :func:`env_key`, or committed
+    contract-suite records for the same kernels and environment that together cover every declared op
+    with no failed check. Returns ``{"covered", "source", "message", "other_envs"}``."""
+    env = environment() if env is None else env
+    roots = evidence_roots() if roots is None else roots
+    key = env_key(env)
+    want = describe_env(impl.name, impl.source_hash, env)
+    others: list[dict[str, Any]] = []
+    for root in roots:
+        for p in sorted(glob.glob(os.path.join(root, "qualify", "*.json"))):
+            rec = _load_json(p)
+            if not rec or rec.get("schema") != QUALIFY_SCHEMA:
+                continue
+            if (rec.get("implementation"), rec.get("source_hash")) != (impl.name, impl.source_hash):
+                continue
+            if rec.get("env_key") != key:
+                others.append(rec.get("env_key"))
+                continue
+            if rec.get("ok"):
+                return {"covered": True, "source": p, "other_envs": others,
+                        "message": f"evidence for {want}: tik qualify record {p}"}
+    declared = sorted({e.split(".")[0] for e in impl.manifest["entry_points"]})
+    for root in roots:
+        recs = [r for r in load_all(impl.name, root) if r.get("source_hash") == impl.source_hash]
+        same = [r for r in recs if env_key(r.get("env") or {}) == key]
+        others += [env_key(r.get("env") or {}) for r in recs if env_key(r.get("env") or {}) != key]
+        counts = _contract_counts(same)
+        if same and all(counts.get(op, {}).get("passed", 0) > 0 for op in declared) \
+                and not any(c["failed"] for c in counts.values()):
+            return {"covered": True, "source": os.path.dirname(same[0]["_path"]), "other_envs": others,
+                    "message": f"evidence for {want}: contract suite records in {os.path.dirname(same[0]['_path'])}"}
+    uniq = []
+    for o in others:
+        if o not in uniq:
+            uniq.append(o)
+    seen = "; ".join(f"triton {o['triton']} x torch {o['torch']} x {o['gpu']}" for o in uniq[:4]) or "none"
+    return {"covered": False, "source": None, "other_envs": uniq,
+            "message": (f"no GPU evidence for {want} (evidence for these kernels exists for: {seen}); bits are "
+                        f"only established per environment: run `tik qualify` on this machine (writes to "
+                        f"{user_evidence_dir()})")}

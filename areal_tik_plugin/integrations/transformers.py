@@ -728,6 +728,9 @@ def apply_to_model(model):
     modules and ``lm_head`` and switches its attention implementation to :data:`TIK_ATTENTION`.
     Works after FSDP2 ``fully_shard`` as well. Returns ``model``. Undo with :func:`revert`.
     """
+    from areal_tik_plugin import versions
+
+    versions.check_transformers()  # transformers >= 5.0: the modeling code these forwards replace
     _check_model(model)
     config = model.config
     check_config(config)
@@ -801,6 +804,9 @@ def _apply_classes(model_type: str, model=None):
     if model is not None:
         _check_model(model, model_type)
         return apply_to_model(model)
+    from areal_tik_plugin import versions
+
+    versions.check_transformers()
     require_ops(_ops_for(model_type))
     register_attention()
     mod, prefix, table = _family(model_type)

@@ -1,10 +1,10 @@
 """Running Triton kernels on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``).
 
 Used only when no CUDA device is present (tests, CI, the CPU SGLang/AReaL runs). The same kernel
-sources run; only the executor differs. Two fixes to the interpreter are applied here:
+sources run; only the executor differs. These fixes to the interpreter are applied here (the same on Triton 3.5.x and 3.6.x):
 
 * ``tl.dot`` on bf16 operands: the interpreter stores bf16 as raw ``uint16`` and multiplies the raw
-  integers (Triton 3.6). We convert bf16/fp16 operands to exact float64 values first.
+  integers (Triton 3.5 and 3.6). We convert bf16/fp16 operands to exact float64 values first.
 * fp32 -> bf16 casts round to nearest even (the interpreter truncates; the GPU rounds).
 * ``int()`` of run-time scalars (loop bounds): made to work with numpy >= 2.3.
 * Import order: Triton decides between interpreter and compiled code when a ``@triton.jit`` function is
@@ -81,11 +81,21 @@ def _patch_interpreter_dot() -> None:
 
     # Scalars derived from tl.program_id are 1-element arrays in the interpreter; numpy >= 2.3
     # refuses int() on them, which breaks `range(0, n)` with a run-time n. Index through .item().
+    # Triton 3.6 patches through a scope that undoes the patch after the kernel
+    # (``_patch_lang_tensor(tensor, scope)``); Triton 3.5 sets the attributes for good
+    # (``_patch_lang_tensor(tensor)``). Follow whichever signature the installed Triton calls.
     orig_patch_tensor = _itp._patch_lang_tensor
 
-    def _patch_lang_tensor(tensor, scope):
-        orig_patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+    def _index(self):
+        return int(np.asarray(self.handle.data).reshape(-1)[0])
+
+    def _patch_lang_tensor(tensor, scope=None):
+        if scope is None:
+            orig_patch_tensor(tensor)
+            tensor.__index__ = _index
+        else:
+            orig_patch_tensor(tensor, scope)
+            scope.set_attr(tensor, "__index__", _index)
 
     _itp._patch_lang_tensor = _patch_lang_tensor
 

@@ -168,6 +168,7 @@ def load_implementation(path: str, *, verify_hash: bool = True) -> Implementatio
     with _lock:
         if key in _loaded:
             return _loaded[key]
+        check_versions()
         ensure_interpreter_if_no_gpu()
         pkg = f"_tik_impl_{man['name']}_{actual[:8]}"
         if pkg not in sys.modules:
@@ -236,11 +237,69 @@ def _apply_fast_launch(rowops: types.ModuleType) -> None:
         rowops.FAST_LAUNCH = False
 
 
+_VERSIONS_CHECKED = False
+
+
+def check_versions() -> None:
+    """Refuse a Triton / torch the kernels do not run with, saying which to install
+    (:mod:`areal_tik_plugin.versions`); once per process, before the first kernel module is imported."""
+    global _VERSIONS_CHECKED
+    if _VERSIONS_CHECKED:
+        return
+    from areal_tik_plugin import versions
+
+    versions.check_torch()
+    versions.check_triton()
+    _VERSIONS_CHECKED = True
+
+
+REQUIRE_EVIDENCE_ENV = "TIK_REQUIRE_EVIDENCE"
+_EVIDENCE_STATUS: dict = {}
+
+
+def evidence_status(impl: Implementation | None = None) -> dict:
+    """Whether GPU evidence covers ``impl`` (default: the selected one) x this process's Triton x torch x
+    GPU (:func:`areal_tik_plugin.evidence.find_qualification`); on a machine without a GPU the kernels run
+    in Triton's interpreter and GPU evidence does not apply (``covered`` is None)."""
+    import torch
+
+    impl = impl or get_implementation()
+    if impl.source_hash in _EVIDENCE_STATUS:
+        return _EVIDENCE_STATUS[impl.source_hash]
+    if not torch.cuda.is_available():
+        st = {"covered": None, "source": None, "other_envs": [],
+              "message": "no CUDA GPU: kernels run in Triton's interpreter (GPU evidence does not apply)"}
+    else:
+        from areal_tik_plugin import evidence
+
+        st = evidence.find_qualification(impl)
+    _EVIDENCE_STATUS[impl.source_hash] = st
+    return st
+
+
+def _report_evidence(impl: Implementation) -> None:
+    """At the first kernel load on a GPU: warn (``TIK_REQUIRE_EVIDENCE=1``: refuse) when no evidence
+    covers this environment."""
+    import warnings
+
+    req = os.environ.get(REQUIRE_EVIDENCE_ENV, "")
+    if req not in ("", "0", "1"):
+        raise ValueError(f"{REQUIRE_EVIDENCE_ENV}={req!r}: expected '1' (refuse without evidence) or '0' / unset")
+    st = evidence_status(impl)
+    if st["covered"] is False:
+        if req == "1":
+            raise ImplementationError(f"areal_tik_plugin: {st['message']} ({REQUIRE_EVIDENCE_ENV}=1)")
+        warnings.warn(f"areal_tik_plugin: {st['message']}", RuntimeWarning, stacklevel=3)
+
+
 def get_implementation() -> Implementation:
-    """The implementation selected for this process (loaded once, hash-checked)."""
+    """The implementation selected for this process (loaded once, hash-checked; the first load on a GPU
+    reports whether evidence covers this environment)."""
     global _current
     if _current is None:
-        _current = load_implementation(resolve_path(selected_name()))
+        impl = load_implementation(resolve_path(selected_name()))
+        _report_evidence(impl)
+        _current = impl
     return _current
 
 

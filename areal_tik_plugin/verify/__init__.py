@@ -519,8 +519,21 @@ def run_verify(model_name: str = "tiny-qwen3", *, layers: int | None = None, bat
         raise ValueError(f"--page-size: expected a power of two, got {page_size}")
     if layers is not None and layers < 1:
         raise ValueError(f"--layers: expected >= 1, got {layers}")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device: expected cuda or cpu, got {dev}")
+    if not (isinstance(temperature, (int, float)) and 0 < temperature < float("inf")):
+        raise ValueError(f"--temperature: expected a finite float > 0, got {temperature!r}")
+    if prefill_chunk < 0:
+        raise ValueError(f"--prefill-chunk: expected >= 0 (0: whole prompt), got {prefill_chunk}")
+    if single < 0:
+        raise ValueError(f"--single: expected >= 0, got {single}")
+    if max_tokens_per_forward < 1:
+        raise ValueError(f"--max-tokens-per-forward: expected >= 1, got {max_tokens_per_forward}")
     T.require_ops(("kv_write", "token_logprobs") + T.MOE_OPS)
 
+    if not prompt_file:  # bad lengths are refused before the model is built
+        parse_lengths(prompt_len, batch, "--prompt-len")
+    parse_lengths(response_len, batch, "--response-len")
     say(f"building {model_name} on {dev}")
     model = build_model(model_name, layers=layers, dtype=dt, device=dev, seed=seed, attn_implementation=stock_attn)
     cfg = model.config
@@ -716,13 +729,18 @@ def _cmd_verify(args) -> int:
     except (ValueError, NotImplementedError, RuntimeError) as e:
         print(f"tik verify: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    _emit(args, rep, format_table)
+    return 0 if rep["plugin_bit_identical"] else 1
+
+
+def _emit(args, rep: dict, fmt) -> None:
+    """Write the report to ``--out`` and print it (JSON with ``--json``, else ``fmt(rep)``)."""
     text = json.dumps(rep, indent=1)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text)
-    print(text if args.json else format_table(rep))
-    return 0 if rep["plugin_bit_identical"] else 1
+    print(text if args.json else fmt(rep))
 
 
 def _cmd_verify_megatron(args) -> int:
@@ -743,12 +761,7 @@ def _cmd_verify_megatron(args) -> int:
     except (ValueError, NotImplementedError, RuntimeError) as e:
         print(f"tik verify: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    text = json.dumps(rep, indent=1)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
-    print(text if args.json else MV.format_report(rep))
+    _emit(args, rep, MV.format_report)
     return 0 if rep["bit_identical"] else 1
 
 

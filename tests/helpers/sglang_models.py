@@ -1,4 +1,4 @@
-"""Tiny random Qwen3 / Qwen3-MoE checkpoints for the SGLang proof tests (tests/test_sglang_*.py):
+"""Tiny random Qwen3 / Qwen3-MoE checkpoints for the SGLang proof tests (tests/integrations/test_sglang_*.py):
 :func:`areal_tik_plugin.models.build_model` with the SGLang proofs' shape
 (``tiny.SGLANG_TINY``: word-level tokenizer, head_dim 32, odd vocab / intermediate sizes, bf16).
 """

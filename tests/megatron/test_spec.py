@@ -217,3 +217,63 @@ def test_megatron_training_schedule_runs_the_spec(models):
     finally:
         mg.zero_grad(set_to_none=True)
         mg.eval()
+
+
+def test_core_attention_refuses_what_it_cannot_keep():
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from areal_tik_plugin.integrations.megatron import convert as C
+    from areal_tik_plugin.integrations.megatron.spec import TikCoreAttention
+
+    _mg.setup()
+    cfg = C.mcore_config(_mg.pair_config("tiny-qwen3"))
+    with pytest.raises(ValueError, match="attn_mask_type"):
+        TikCoreAttention(config=cfg, layer_number=1, attn_mask_type=AttnMaskType.no_mask)
+    ca = TikCoreAttention(config=cfg, layer_number=1, attn_mask_type=AttnMaskType.causal)
+    q = torch.randn(7, 4, 16).to(torch.bfloat16)
+    kv = torch.randn(7, 2, 16).to(torch.bfloat16)
+    cu, padded = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 4, 7], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q_padded"):
+        ca(q, kv, kv, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                                               cu_seqlens_q_padded=padded, max_seqlen_q=4))
+    with pytest.raises(ValueError, match="attention_mask"):
+        ca(q, kv, kv, torch.ones(1, 1, 7, 7, dtype=torch.bool))
+    with pytest.raises(ValueError, match="from 0 to 7"):
+        bad = torch.tensor([0, 3, 6], dtype=torch.int32)
+        ca(q, kv, kv, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=bad, cu_seqlens_kv=bad))
+    ok = ca(q, kv, kv, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu))
+    assert ok.shape == (7, 64)
+
+
+def test_full_activation_recompute_same_gradients(models, monkeypatch):
+    """AReaL's default ``recompute_granularity=full`` (uniform, 1 layer): the layers' forward runs
+    again inside backward; same gradient bits. CPU shim: megatron-core's CheckpointFunction saves
+    and restores the CUDA RNG state (irrelevant here: no dropout), mapped to the CPU generator."""
+    from megatron.core.tensor_parallel import random as R
+
+    from areal_tik_plugin.integrations.megatron import convert as C
+    from areal_tik_plugin.integrations.megatron.verify import megatron_packed_logits
+
+    monkeypatch.setattr(R, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
+    monkeypatch.setattr(R, "_set_cuda_rng_state", lambda *a, **k: None)
+    hf, mg = models
+    xs = seqs(hf.config.vocab_size, [5, 8], 12)
+    ids = torch.cat(xs)
+
+    def grads(m):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        lg = torch.cat(megatron_packed_logits(m, xs, "cpu"))
+        (-torch.log_softmax(lg.float(), -1).gather(1, torch.roll(ids, -1)[:, None]).sum()).backward()
+        out = {k: p.grad.clone() for k, p in m.named_parameters()}
+        m.zero_grad(set_to_none=True)
+        m.eval()
+        return out
+
+    cfg = C.mcore_config(hf.config, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    rec = C.build_model(hf.config, cfg)
+    C.load_hf_into(rec, hf, hf.config)
+    want, got = grads(mg), grads(rec)
+    for k in want:
+        assert bits_equal(got[k], want[k]), k

@@ -891,3 +891,96 @@ def integration_markdown() -> str:
     for fn, what, _, expect in INTEGRATION_BAD_INPUT:
         lines.append(f"| {fn} | {what} | {expect} |".replace("`^", "`"))
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# AReaL ``tik.*`` options (command-line overrides; a YAML ``tik:`` section goes through the same class)
+# ------------------------------------------------------------------------------------------------
+def _tik(*overrides):
+    from areal_tik_plugin.integrations.areal.config import TikConfig
+
+    return lambda: TikConfig.from_overrides(list(overrides))
+
+
+CONFIG_BAD_INPUT = [
+    ("tik.enable=3", R(V_, r"^tik.enable: expected true or false")),
+    ("tik.local_host=maybe", R(V_, r"^tik.local_host: expected true or false")),
+    ("tik.seed_per_sample=2", R(V_, r"^tik.seed_per_sample: expected true or false")),
+    ("tik.monitor_every=abc", R(V_, r"^tik.monitor_every: expected an int")),
+    ("tik.monitor_every=1.5", R(V_, r"^tik.monitor_every: expected an int")),
+    ("tik.monitor_every=true", R(V_, r"^tik.monitor_every: expected an int")),
+    ("tik.monitor_every=null", R(V_, r"^tik.monitor_every: expected an int")),
+    ("tik.monitor_every=-1", R(V_, r"^tik.monitor_every >= 0")),
+    ("tik.monitor_samples=0", R(V_, r"tik.monitor_samples >= 1")),
+    ("tik.verified_rollout_tp=0", R(V_, r"^tik.verified_rollout_tp: expected tensor-parallel sizes >= 1")),
+    ("tik.verified_rollout_tp=[1,-2]", R(V_, r"^tik.verified_rollout_tp: expected tensor-parallel sizes >= 1")),
+    ("tik.verified_rollout_tp=abc", R(V_, r"^tik.verified_rollout_tp: expected an int or a list of ints")),
+    ("tik.verified_rollout_tp=[1.5]", R(V_, r"^tik.verified_rollout_tp: expected an int or a list of ints")),
+    ("tik.sglang_extra_args=5", R(V_, r"^tik.sglang_extra_args: expected a string or a list")),
+    ("tik.plant_drift_step=x", R(V_, r"^tik.plant_drift_step: expected an int")),
+    ("tik.stats_jsonl=3", R(V_, r"^tik.stats_jsonl: expected a string")),
+    ("tik.prox_mode=foo", R(V_, r"^tik.prox_mode: expected one of")),
+    ("tik.on_mismatch=ignore", R(V_, r"^tik.on_mismatch: expected one of")),
+    ("tik.sglang_device=GPU", R(V_, r"^tik.sglang_device: expected auto\|cuda\|cpu")),
+    ("tik.foo=1", R(V_, r"^unknown tik option 'tik.foo'")),
+    ("tik.enable", R(V_, r"^expected a tik.<name>=<value> override")),
+    ("tik.verified_rollout_tp=2", "works: [2]"),
+    ("tik.sglang_extra_args=--a --b", "works: ['--a', '--b']"),
+]
+
+
+@pytest.mark.parametrize("row", CONFIG_BAD_INPUT, ids=[r[0] for r in CONFIG_BAD_INPUT])
+def test_areal_config_bad_input(row):
+    override, expect = row
+    if isinstance(expect, Raises):
+        with pytest.raises(expect.exc, match=expect.match):
+            _tik(override)()
+    else:
+        cfg = _tik(override)()
+        name = override.split("=")[0][4:]
+        assert str(getattr(cfg, name)) == expect.split(": ", 1)[1]
+
+
+def config_markdown() -> str:
+    lines = ["| override | behaviour now |", "|---|---|"]
+    for ov, expect in CONFIG_BAD_INPUT:
+        lines.append(f"| `{ov}` | {expect} |".replace("`^", "`"))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# `tik verify` arguments: refused before a model is built (exit status 2, the message on stderr)
+# ------------------------------------------------------------------------------------------------
+VERIFY_BAD_INPUT = [
+    (["--batch", "0"], r"--batch: expected >= 1"),
+    (["--layers", "0"], r"--layers: expected >= 1"),
+    (["--page-size", "3"], r"--page-size: expected a power of two"),
+    (["--prompt-len", "0"], r"--prompt-len: expected 1 <= A <= B"),
+    (["--prompt-len", "9..3"], r"--prompt-len: expected 1 <= A <= B"),
+    (["--response-len", "x"], r"--response-len: expected N or A..B"),
+    (["--temperature", "0"], r"--temperature: expected a finite float > 0"),
+    (["--temperature", "nan"], r"--temperature: expected a finite float > 0"),
+    (["--temperature", "inf"], r"--temperature: expected a finite float > 0"),
+    (["--prefill-chunk", "-1"], r"--prefill-chunk: expected >= 0"),
+    (["--single", "-1"], r"--single: expected >= 0"),
+    (["--max-tokens-per-forward", "0"], r"--max-tokens-per-forward: expected >= 1"),
+    (["--device", "meta"], r"--device: expected cuda or cpu"),
+]
+
+
+@pytest.mark.parametrize("row", VERIFY_BAD_INPUT, ids=[" ".join(r[0]) for r in VERIFY_BAD_INPUT])
+def test_verify_cli_bad_input(row, capsys):
+    from areal_tik_plugin.verify import main
+
+    argv, pattern = row
+    assert main(["--model", "tiny-qwen3", "--no-stock", "--json", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "tik verify: ValueError: " in err
+    assert __import__("re").search(pattern, err), err
+
+
+def verify_markdown() -> str:
+    lines = ["| arguments | behaviour now |", "|---|---|"]
+    for argv, pattern in VERIFY_BAD_INPUT:
+        lines.append(f"| `tik verify {' '.join(argv)}` | exit 2, `tik verify: ValueError: {pattern}...` |")
+    return "\n".join(lines)

@@ -13,6 +13,13 @@ import pytest
 import torch
 
 from areal_tik_plugin.runtime import loader, native
+from areal_tik_plugin import versions
+
+# The derivation is checked against Triton 3.6's own binder (native_specialize_impl) and serves 3.6's
+# compiled-kernel ABI; on another Triton the native path is off (native.module() returns None) and the
+# ops take Triton's launch path, which the op tests cover.
+needs_triton36 = pytest.mark.skipif(not versions.fast_host_path(),
+                                    reason="the native host path is built for Triton 3.6's kernel ABI")
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +120,7 @@ RMS_CASES = [  # (name, x builder, with residual)
 ]
 
 
+@needs_triton36
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("name,make,res", RMS_CASES, ids=[c[0] for c in RMS_CASES])
 def test_rmsnorm_derive_equals_recorded_launch(m, name, make, res, dt):
@@ -149,6 +157,7 @@ SWIGLU_CASES = [  # (name, shape of gate_up)
 ]
 
 
+@needs_triton36
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("name,shape", SWIGLU_CASES, ids=[c[0] for c in SWIGLU_CASES])
 def test_swiglu_derive_equals_recorded_launch(m, name, shape, dt):
@@ -163,6 +172,7 @@ def test_swiglu_derive_equals_recorded_launch(m, name, shape, dt):
     _check(m, "swiglu", (g, u), (out2,), rec2, "BLOCK")
 
 
+@needs_triton36
 def test_learn_registers_matching_and_refuses_others(m):
     m.invalidate()
     impl = loader.current_module("swiglu")
@@ -200,6 +210,7 @@ def test_learn_registers_matching_and_refuses_others(m):
     assert m.stats()["plans"] == []
 
 
+@needs_triton36
 def test_learn_checks_specialization_flags(m):
     """A kernel whose integer arguments are specialized differently from what the C side assumes."""
     m.invalidate()
@@ -222,6 +233,7 @@ def test_learn_checks_specialization_flags(m):
     m.invalidate()
 
 
+@needs_triton36
 def test_knob_change_drops_plans(m, monkeypatch):
     impl = loader.current_module("swiglu")
     assert isinstance(impl, loader.GuardedModule)
@@ -272,6 +284,7 @@ def _linear_record(x, w, b=None):
 
 @pytest.mark.parametrize("M,N,K,bias", [(1, 24, 40, False), (3, 40, 24, True), (5, 17, 4100, False),
                                         (2, 33, 4100, True)])
+@needs_triton36
 def test_linear_recipe_maps_every_parameter(m, M, N, K, bias):
     """The recipe read off a recorded GEMM launch: operands by pointer, the partials buffer as a temporary,
     the tickets as the fixed buffer of their stream, every integer a constant equal to the recorded one."""
@@ -317,6 +330,7 @@ def test_linear_recipe_maps_every_parameter(m, M, N, K, bias):
     m.invalidate()
 
 
+@needs_triton36
 def test_linear_recipe_refuses_unknown_buffers_and_kernels(m):
     """A tensor parameter that is no operand, float temporary or registered ticket buffer (here: the
     tickets when they are not the per-stream buffer) is refused, and so is a kernel not served natively."""

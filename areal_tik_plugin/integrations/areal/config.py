@@ -75,8 +75,12 @@ class TikConfig:
     implementation: str = ""
     # set by apply() from actor.backend: which engine's hooks the workers install (fsdp | megatron)
     actor_engine: str = "fsdp"
+    # refuse (plan and every worker's first kernel load) when no GPU evidence covers the running
+    # kernels x Triton x torch x GPU (`tik qualify` produces it); false: the plan notes it, workers warn
+    require_evidence: bool = False
 
     def __post_init__(self):
+        self._check_types()
         if self.prox_mode not in PROX_MODES:
             raise TikConfigError(f"tik.prox_mode: expected one of {PROX_MODES}, got {self.prox_mode!r}")
         if self.on_mismatch not in ON_MISMATCH:
@@ -91,7 +95,8 @@ class TikConfig:
             raise TikConfigError(f"tik.sglang_device: expected auto|cuda|cpu, got {self.sglang_device!r}")
         if isinstance(self.verified_rollout_tp, int):
             self.verified_rollout_tp = [self.verified_rollout_tp]
-        self.verified_rollout_tp = [int(x) for x in self.verified_rollout_tp]
+        if any(x < 1 for x in self.verified_rollout_tp):
+            raise TikConfigError(f"tik.verified_rollout_tp: expected tensor-parallel sizes >= 1, got {self.verified_rollout_tp}")
         if isinstance(self.sglang_extra_args, str):
             self.sglang_extra_args = self.sglang_extra_args.split()
         if self.implementation:
@@ -109,6 +114,26 @@ class TikConfig:
 
             os.environ["TIK_IMPLEMENTATION"] = self.implementation
             loader.set_implementation(self.implementation)
+
+    def _check_types(self) -> None:
+        """Each option has the type of its default (YAML ``true``/``1``/``x`` are told apart), so a typo
+        such as ``tik.enable=3`` or ``tik.monitor_every=1.5`` is refused instead of read loosely."""
+        for f in dataclasses.fields(self):
+            v, name = getattr(self, f.name), f"tik.{f.name}"
+            if f.name == "verified_rollout_tp":
+                ok = _is_int(v) or (isinstance(v, (list, tuple)) and all(_is_int(x) for x in v))
+                want = "an int or a list of ints"
+            elif f.name == "sglang_extra_args":
+                ok = isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v))
+                want = "a string or a list of strings"
+            elif isinstance(f.default, bool):
+                ok, want = isinstance(v, bool), "true or false"
+            elif isinstance(f.default, int):
+                ok, want = _is_int(v), "an int"
+            else:
+                ok, want = isinstance(v, str), "a string"
+            if not ok:
+                raise TikConfigError(f"{name}: expected {want}, got {v!r} ({type(v).__name__})")
 
     # -- (de)serialisation: an env var every AReaL worker inherits -----------------------------
     def to_env(self) -> str:
@@ -129,6 +154,10 @@ class TikConfig:
         """``["tik.enable=true", "+tik.monitor_every=1", ...]`` over ``base`` (a YAML ``tik:``
         section) -> TikConfig; unknown keys raise."""
         return cls(**{**(base or {}), **parse_overrides(overrides)})
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -301,6 +330,9 @@ def check(cfg, tik: TikConfig, model_type: str | None = None) -> None:
                     f"tik.model_type=<one of {list(fams)}>")
     elif model_type not in fams:
         errs.append(f"model family {model_type!r} is not patched by the plugin (supported: {list(fams)})")
+    ev = evidence_status()
+    if tik.require_evidence and ev["covered"] is False:
+        errs.append(f"tik.require_evidence=true: {ev['message']}")
     s = staleness_of(cfg)
     if s > 0 and tik.prox_mode == "loglinear" and getattr(a, "rejection_sampling", None) is None:
         errs.append("staleness > 0 with tik.prox_mode=loglinear needs actor.rejection_sampling (e.g. "
@@ -320,7 +352,7 @@ def plan(cfg, tik: TikConfig, model_type: str | None = "__detect__") -> Plan:
         model_type = detect_model_type(cfg, tik)
     check(cfg, tik, model_type)
     changes: dict[str, tuple] = {}
-    notes = [f"model family {model_type}"]
+    notes = [f"model family {model_type}", evidence_status()["message"]]
 
     def setv(name, value):
         old = getattr(a, name)
@@ -354,6 +386,19 @@ def plan(cfg, tik: TikConfig, model_type: str | None = "__detect__") -> Plan:
     return Plan(True, mode, s, fwd, changes, notes)
 
 
+def evidence_status() -> dict:
+    """GPU evidence for the selected kernels x this process's Triton x torch x GPU
+    (:func:`areal_tik_plugin.runtime.loader.evidence_status`); ``covered`` is None where this process has no GPU
+    (the controller of a multi-node job): the workers check at their first kernel load."""
+    from areal_tik_plugin.runtime import loader
+
+    st = dict(loader.evidence_status())
+    if st["covered"] is None:
+        st["message"] = ("evidence: this process has no GPU; each worker checks the evidence for its "
+                         "kernels x Triton x torch x GPU at its first kernel load")
+    return st
+
+
 def _forward_runs(decoupled: bool, recompute: bool, method: str) -> bool:
     # AReaL's PPOActorConfig.should_compute_prox_logp()
     return bool((decoupled and method not in ("loglinear",)) or (not decoupled and recompute))
@@ -370,6 +415,8 @@ def apply(cfg, p: Plan, tik: TikConfig) -> None:
     for spec in iter_scheduling_specs(cfg):
         spec.env_vars = dict(spec.env_vars or {})
         spec.env_vars[ENV_VAR] = env
+        if tik.require_evidence:
+            spec.env_vars["TIK_REQUIRE_EVIDENCE"] = "1"
         # also for baseline runs: the SGLang command for the installed SGLang + the observing monitor
         spec.cmd = worker_cmd(spec.cmd)
 

@@ -9,7 +9,7 @@ so the radix cache is hit, chunked prefill with a small chunk), and prints
 * pass/fail: every hot op ran through ours and no fused op ran on another path.
 
 The same child-process worker (:func:`run_worker`) is what the CPU proof tests use
-(tests/test_sglang_*.py): it takes a JSON spec {engines: [{engine_kwargs, jobs, env}], ...} and writes
+(tests/integrations/test_sglang_*.py): it takes a JSON spec {engines: [{engine_kwargs, jobs, env}], ...} and writes
 the outputs (token ids, log-probs, cached tokens) plus the stats files.
 
 On a machine without CUDA the child gets ``TRITON_INTERPRET=1`` (our kernels run in Triton's
@@ -67,12 +67,29 @@ def child_env(stats_dir: str | None = None, extra: dict | None = None) -> dict:
         has_cuda = False
     if not has_cuda:
         env["TRITON_INTERPRET"] = "1"
+        if not plugin_system() and importlib.util.find_spec("sgl_kernel") is None:
+            # SGLang 0.5.10 imports sgl_kernel (CUDA wheel) at module import even on CPU; the
+            # import-only stand-in raises on any call, so a kernel of it that would run is a finding
+            paths.append(gpu_stub_path())
+            env["PYTHONPATH"] = os.pathsep.join(paths)
+            env.setdefault("SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "1")
     if stats_dir:
         env["TIK_SGLANG_STATS"] = stats_dir
     env.setdefault("SGLANG_PLUGINS", "tik")
     if extra:
         env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def plugin_system() -> bool:
+    """Whether the installed SGLang loads ``sglang.srt.plugins`` entry points (0.5.2x); without it
+    (0.5.10.post1) the plugin enters through :mod:`areal_tik_plugin.integrations.sglang.launch`."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("sglang.srt.plugins") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def default_engine_kwargs(model: str, backend: str = "tik", device: str | None = None, **over) -> dict:
@@ -87,6 +104,30 @@ def default_engine_kwargs(model: str, backend: str = "tik", device: str | None =
               sampling_backend="pytorch", grammar_backend="none", log_level="error")
     kw.update(over)
     return kw
+
+
+def installed_engine_kwargs(kw: dict) -> dict:
+    """``kw`` completed for the SGLang installed in this process (the child that starts the Engine):
+    on CPU, SGLang 0.5.10 captures piecewise CUDA graphs unless told not to (torch.cpu has no graph
+    pool); later versions have no such field."""
+    kw = dict(kw)
+    if kw.get("device") == "cpu" and "disable_piecewise_cuda_graph" in _server_arg_names():
+        kw.setdefault("disable_piecewise_cuda_graph", True)
+    return kw
+
+
+def _server_arg_names() -> set:
+    """Field names of the installed SGLang's ``ServerArgs`` (a dataclass in 0.5.10, a msgspec Struct later)."""
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except ImportError:
+        return set()
+    fields = getattr(ServerArgs, "__struct_fields__", None)
+    if fields is None:
+        import dataclasses
+
+        fields = [f.name for f in dataclasses.fields(ServerArgs)]
+    return set(fields)
 
 
 def default_jobs(vocab_words=None) -> list:
@@ -113,7 +154,7 @@ def _run_engine(engine_kwargs: dict, jobs: list) -> dict:
     from sglang.srt.entrypoints.engine import Engine
 
     t0 = time.time()
-    engine = Engine(**engine_kwargs)
+    engine = Engine(**installed_engine_kwargs(engine_kwargs))
     out = {"startup_s": time.time() - t0, "jobs": []}
     try:
         for job in jobs:
@@ -145,7 +186,9 @@ def run_worker(spec_path: str, out_path: str) -> int:
     results = []
     for eng in spec["engines"]:
         os.environ.update({k: str(v) for k, v in (eng.get("env") or {}).items()})
-        if eng.get("launcher"):  # the no-plugin-system path: spawn targets register the plugin
+        backend = eng["engine_kwargs"].get("attention_backend")
+        # the no-plugin-system path (asked for, or the only one this SGLang has): spawn targets register
+        if eng.get("launcher") or (backend == "tik" and not plugin_system()):
             from areal_tik_plugin.integrations.sglang import launch as sglang_launch
 
             sglang_launch.install()

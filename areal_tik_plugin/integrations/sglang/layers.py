@@ -364,13 +364,15 @@ def _check_instance(cls_path, m):
     elif name == "TopK":
         c = m.topk_config
         if c.use_grouped_topk or c.correction_bias is not None or c.custom_routing_function is not None \
-                or c.num_shared_topk_slots or (c.routed_scaling_factor not in (None, 1.0)) \
+                or getattr(c, "num_shared_topk_slots", 0) or getattr(c, "num_fused_shared_experts", 0) \
+                or (c.routed_scaling_factor not in (None, 1.0)) \
                 or getattr(m, "enable_waterfill", False) or c.scoring_func != "softmax":
             bad = "grouped / biased / custom / scaled / shared-slot / non-softmax routing"
     elif name == "UnquantizedFusedMoEMethod":
         rc = getattr(m, "moe_runner_config", None)
         if rc is not None and (rc.activation not in (None, "silu") or rc.apply_router_weight_on_input
-                               or rc.routed_scaling_factor not in (None, 1.0) or rc.gemm1_alpha is not None):
+                               or rc.routed_scaling_factor not in (None, 1.0)
+                               or getattr(rc, "gemm1_alpha", None) is not None):
             bad = f"activation={rc.activation} / router weight on input / routed scaling / gemm1_alpha"
         if getattr(m, "w13_swiglu_interleaved", False) or getattr(m, "load_up_proj_weight_first", False):
             bad = "interleaved or up-first w13 layout"

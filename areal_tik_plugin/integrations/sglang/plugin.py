@@ -41,6 +41,14 @@ def register(apply_now: bool = False) -> None:
         if apply_now:
             _apply_hooks()
         return
+    from areal_tik_plugin import versions
+    from areal_tik_plugin.runtime.interp import ensure_interpreter_if_no_gpu
+
+    versions.sglang_mode()  # refuses an SGLang the plugin is not tested with, naming the ones it is
+    # Without a GPU, SGLang 0.5.10 still runs its own Triton kernels (e.g. the req-to-token writes; it
+    # decides by backend name, not by platform): they run in Triton's interpreter, which needs the same
+    # fixes as ours (areal_tik_plugin.runtime.interp), applied here in every SGLang process.
+    ensure_interpreter_if_no_gpu()
     _register_backend()
     _register_hooks()
     _REGISTERED["done"] = True
@@ -125,7 +133,9 @@ def _monkeypatch(target: str, fn, kind: str) -> None:
     try:
         obj = pkgutil.resolve_name(obj_path)
     except (ImportError, AttributeError) as e:
-        logger.warning("tik: cannot patch %s (%s)", target, e)
+        # a target of another SGLang release (e.g. DualGemm, 0.5.2x only); the op counters of
+        # `tik sglang-check` show whether every hot op still runs through ours
+        logger.info("tik: %s is not in this SGLang (%s); not patched", target, e)
         return
     raw = obj.__dict__.get(attr) if isinstance(obj, type) else None
     is_cm = isinstance(raw, classmethod)
