@@ -192,18 +192,20 @@ for step in "$@"; do
       # of the tik-only proof with --sgl-repeat (default 6) greedy jobs (not under `timeout`: py-spy attaches
       # to the Python process; a watchdog ends it after --sgl-limit s); raw stacks + benchmarks/probes/pyspy_summary.py
       lim=${sgl_limit:-200}
-      x python3 -m benchmarks.sglang_gpu_proof --out "$W/prof" --stub-sgl-kernel \
-        --shape "$sgl_shape" --batch "$sgl_batch" --new "$sgl_new" --baselines "" \
-        --repeat "${sgl_repeat:-6}" --timeout $(( lim - 20 )) "${moe[@]}" >"$W/sglang-profile.log" 2>&1 &
-      pid=$!
-      # --dry-run: each line in turn (no watchdog), so that the printed lines keep their order
-      if [ $dry = 1 ]; then wait "$pid" || rc=1; else ( sleep "$lim"; kill "$pid" 2>/dev/null ) & dog=$!; fi
-      PATH=/tmp/site/bin:$PATH x py-spy record --subprocesses --nonblocking --rate "$pyspy_rate" --format raw \
-        -o "$W/pyspy-raw.txt" --pid "$pid" >"$W/pyspy.log" 2>&1 &
-      spy=$!
-      if [ $dry = 1 ]; then wait "$spy"; else
+      proof=(python3 -m benchmarks.sglang_gpu_proof --out "$W/prof" --stub-sgl-kernel
+        --shape "$sgl_shape" --batch "$sgl_batch" --new "$sgl_new" --baselines ""
+        --repeat "${sgl_repeat:-6}" --timeout $(( lim - 20 )) "${moe[@]}")
+      spy=(py-spy record --subprocesses --nonblocking --rate "$pyspy_rate" --format raw -o "$W/pyspy-raw.txt" --pid)
+      if [ $dry = 1 ]; then
+        show "${proof[@]}"; show "${spy[@]}" PID; : >"$W/sglang-profile.log"; : >"$W/pyspy.log"
+      else  # not through x: $! must be the Python process itself (py-spy attaches to it, the watchdog kills it)
+        "${proof[@]}" >"$W/sglang-profile.log" 2>&1 &
+        pid=$!
+        ( sleep "$lim"; kill "$pid" 2>/dev/null ) & dog=$!
+        PATH=/tmp/site/bin:$PATH "${spy[@]}" "$pid" >"$W/pyspy.log" 2>&1 &
+        spy_pid=$!
         wait "$pid" || rc=1
-        kill "$dog" 2>/dev/null; wait "$spy"
+        kill "$dog" 2>/dev/null; wait "$spy_pid"
       fi
       grep -E "^tik|bitwise|Error|Traceback" "$W/sglang-profile.log" | head -5; tail -2 "$W/pyspy.log"
       x python3 benchmarks/probes/pyspy_summary.py "$W/pyspy-raw.txt" --top 30 --json "$W/pyspy-summary.json" >"$W/pyspy-summary.txt" \
