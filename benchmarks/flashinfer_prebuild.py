@@ -6,7 +6,7 @@
 Each job runs in its own process and builds its modules through the same factories the benchmarks call
 (areal_tik_plugin.contract.attention / norm / rope / swiglu), so the module names and template arguments
 match and the benchmarks find them in FlashInfer's JIT cache. A job that fails or outlives ``--timeout``
-is recorded; ``--print-failed`` prints the comma list of failed job keys for ``TIK_FI_FAILED``, which
+is recorded; ``--print-failed`` prints the comma list of failed job keys for ``--fi-failed``, which
 makes the matching baselines record "not built" instead of compiling inside a timed run.
 """
 
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-# job key -> the modules it builds (in order, one process); keys are what TIK_FI_FAILED names
+# job key -> the modules it builds (in order, one process); keys are what --fi-failed names
 JOBS = {
     "rowops": ("norm", "rope", "activation"),
     "decode": ("decode",),
@@ -86,7 +86,7 @@ def _child(job: str) -> int:
 
 
 def failed_keys(result: dict) -> list[str]:
-    """Job keys whose build failed, timed out, or did not report (what TIK_FI_FAILED lists)."""
+    """Job keys whose build failed, timed out, or did not report (what --fi-failed lists)."""
     return sorted(k for k, v in result.get("jobs", {}).items() if not v.get("ok"))
 
 

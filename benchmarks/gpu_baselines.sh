@@ -10,24 +10,67 @@
 #   bash benchmarks/gpu_baselines.sh   (.whl, the whole SGLang set (34 MiB), would not fit beside them)
 #
 # Steps and their estimated time on one H200 (from earlier runs of the same grids; the FlashInfer JIT
-# build is an estimate, nvcc -j16): install 10 s; FlashInfer prebuild (parallel, background, <= TIK_FI_PREBUILD_S)
+# build is an estimate, nvcc -j16): install 10 s; FlashInfer prebuild (parallel, background, <= --fi-prebuild-s)
 # ~150-240 s, overlapping GEMM (13 weights x 7 M, ~70 s) + MoE (~20 s) + log-prob (~40 s, AReaL's torch.compile);
 # row ops rmsnorm/rope/swiglu/kv_write (~110 s with torch.compile baselines, --quick-bench T grid unless
-# TIK_ROWOPS_FULL=1); attention full grid (~120 s); layer bench (~90 s, --quick). Every step runs under a
-# timeout cut to what is left of TIK_DEADLINE_S (default 530 s), so the call ends in time and a cut
+# --rowops-full); attention full grid (~120 s); layer bench (~90 s, --quick). Every step runs under a
+# timeout cut to what is left of --deadline-s (default 530 s), so the call ends in time and a cut
 # step is reported, its JSON partial.
-# Knobs: TIK_BASELINE_STEPS (default "gemm moe logprob rowops attention layer"), TIK_GEMM_M (comma list),
-# TIK_BASELINES_OFF (flashinfer,liger,compile,areal,cudnn), TIK_FI_PREFILL_BACKENDS (default fa2,fa3),
-# TIK_FI_PREBUILD_S (default 240), TIK_FI_PARALLEL=0 (prebuild before, not beside, the GEMM/MoE/log-prob steps),
-# TIK_LAYER_ARGS (default "--quick --models qwen3-4b,qwen3-30b-a3b --decode 1024,4096").
+# Options (an unknown one is refused):
+#   --steps "LIST"             default "gemm moe logprob rowops attention layer"
+#   --gemm-m LIST              comma list of GEMM M values (python -m areal_tik_plugin.contract --gemm-m)
+#   --baselines-off LIST       families from flashinfer,liger,compile,areal,cudnn (every contract step, layer bench)
+#   --fi-prefill-backends LIST default fa2,fa3 (the attention step)
+#   --fi-prebuild-s S          default 240
+#   --no-fi-parallel           prebuild before, not beside, the GEMM/MoE/log-prob steps
+#   --rowops-full              the full row-op benchmark grid
+#   --layer-args "ARGS"        default "--quick --models qwen3-4b,qwen3-30b-a3b --decode 1024,4096"
+#   --deadline-s S             default 530
+#   --dry-run                  print the command lines ("+ ..." each, shell-quoted) instead of running anything
 set -o pipefail
 export PYTHONUNBUFFERED=1
+steps_opt="gemm moe logprob rowops attention layer"; gemm_m=; baselines_off=; fi_pb=; fi_pb_set=0; fi_prebuild_s=240
+fi_parallel=1; rowops_full=0; layer_args="--quick --models qwen3-4b,qwen3-30b-a3b --decode 1024,4096"; deadline_s=530
+dry=0
+need() { [ $# -ge 2 ] || { echo "gpu_baselines.sh: $1 needs a value (see the header of benchmarks/gpu_baselines.sh)" >&2; exit 2; }; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --steps) need "$@"; steps_opt=$2; shift 2;;
+    --gemm-m) need "$@"; gemm_m=$2; shift 2;;
+    --baselines-off) need "$@"; baselines_off=$2; shift 2;;
+    --fi-prefill-backends) need "$@"; fi_pb=$2; fi_pb_set=1; shift 2;;
+    --fi-prebuild-s) need "$@"; fi_prebuild_s=$2; shift 2;;
+    --no-fi-parallel) fi_parallel=0; shift;;
+    --rowops-full) rowops_full=1; shift;;
+    --layer-args) need "$@"; layer_args=$2; shift 2;;
+    --deadline-s) need "$@"; deadline_s=$2; shift 2;;
+    --dry-run) dry=1; shift;;
+    *) echo "gpu_baselines.sh: unknown argument $1 (see the header of benchmarks/gpu_baselines.sh)" >&2; exit 2;;
+  esac
+done
+for v in deadline_s fi_prebuild_s; do
+  [[ ${!v} =~ ^[0-9]+$ ]] || { echo "gpu_baselines.sh: --${v//_/-}: expected seconds, got ${!v}" >&2; exit 2; }
+done
+# --dry-run: each command line once, shell-quoted, on stdout (fd 3: the step's log redirection does not catch it)
+exec 3>&1
+q="'"
+show() {
+  local out= a
+  for a in "$@"; do
+    [[ -z $a || $a == *[^A-Za-z0-9_@%+=:,./-]* ]] && a="$q${a//$q/$q\\$q$q}$q"
+    out+="${out:+ }$a"
+  done
+  echo "+ $out" >&3
+}
+x() { if [ $dry = 1 ]; then show "$@"; else "$@"; fi; }
 OUT=${OUT:-/tmp/tik-out}
 W=$OUT/w
 mkdir -p "$W"
 T0=$(date +%s)
-DEADLINE=$(( T0 + ${TIK_DEADLINE_S:-530} ))
+DEADLINE=$(( T0 + deadline_s ))
 left() { echo $(( DEADLINE - $(date +%s) )); }
+off=(); [ -n "$baselines_off" ] && off=(--baselines-off "$baselines_off")
+if [ $dry = 0 ]; then  # the installs and the versions line
 # the installs: one version per wheel name across the carried folders (two stop the whole install)
 wheels=$(ls .whl-fi/*.whl .whl-areal/*.whl .whl/*.whl 2>/dev/null | awk -F/ '!seen[$NF]++')
 if [ -n "$wheels" ]; then
@@ -46,7 +89,8 @@ python3 - <<'EOF' 2>&1 | tee "$W/versions.txt"
 from areal_tik_plugin.contract.baselines import versions
 print(" ".join(f"{k}={v}" for k, v in versions().items()))
 EOF
-steps=" ${TIK_BASELINE_STEPS:-gemm moe logprob rowops attention layer} "
+fi
+steps=" $steps_opt "
 declare -A RC
 step() {  # step NAME CAP CMD...: run under a timeout of min(CAP, what is left), log to $W/NAME.log
   local name=$1 cap=$2; shift 2
@@ -54,36 +98,46 @@ step() {  # step NAME CAP CMD...: run under a timeout of min(CAP, what is left),
   if [ $t -lt 20 ]; then echo "== $name: skipped (deadline; $(left) s left)"; RC[$name]=skipped; return; fi
   local s=$(date +%s)
   echo "== $name (limit $t s)"
-  timeout $t "$@" >"$W/$name.log" 2>&1; local r=$?
+  x timeout $t "$@" >"$W/$name.log" 2>&1; local r=$?
   RC[$name]=$r; [ $r -eq 124 ] && RC[$name]="timed out at $t s"
   echo "   $name: rc ${RC[$name]}, $(( $(date +%s) - s )) s"
 }
 fi_pid=
-if python3 -c "import flashinfer" 2>/dev/null && [[ ",${TIK_BASELINES_OFF}," != *",flashinfer,"* ]]; then
-  fi_t=${TIK_FI_PREBUILD_S:-240}
-  python3 -m benchmarks.flashinfer_prebuild --out "$W/fi_prebuild.json" --timeout "$fi_t" --jobs 14 >"$W/fi_prebuild.log" 2>&1 &
-  fi_pid=$!
-  [ "${TIK_FI_PARALLEL:-1}" = 0 ] && { wait $fi_pid; fi_pid=; }
+# --dry-run counts FlashInfer as importable (the carried wheel), so that its prebuild line shows
+if { [ $dry = 1 ] || python3 -c "import flashinfer" 2>/dev/null; } && [[ ",${baselines_off}," != *",flashinfer,"* ]]; then
+  if [ $dry = 1 ]; then  # in the foreground: the printed lines keep their order
+    x python3 -m benchmarks.flashinfer_prebuild --out "$W/fi_prebuild.json" --timeout "$fi_prebuild_s" --jobs 14
+  else
+    python3 -m benchmarks.flashinfer_prebuild --out "$W/fi_prebuild.json" --timeout "$fi_prebuild_s" --jobs 14 >"$W/fi_prebuild.log" 2>&1 &
+    fi_pid=$!
+  fi
+  [ "$fi_parallel" = 0 ] && [ -n "$fi_pid" ] && { wait $fi_pid; fi_pid=; }
 else
   echo "flashinfer: not importable or switched off; its baselines are recorded as skipped" | tee "$W/fi_prebuild.log"
 fi
 for s in gemm moe logprob; do
   [[ $steps == *" $s "* ]] || continue
-  step "$s" 200 python3 -m areal_tik_plugin.contract --out "$W" --ops "$s" --no-checks
+  gm=(); [ "$s" = gemm ] && [ -n "$gemm_m" ] && gm=(--gemm-m "$gemm_m")
+  step "$s" 200 python3 -m areal_tik_plugin.contract --out "$W" --ops "$s" --no-checks "${off[@]}" "${gm[@]}"
 done
 if [ -n "$fi_pid" ]; then
   wait $fi_pid
 fi
+fif=()  # the prebuild jobs that failed: their FlashInfer baselines are unavailable to the later steps
 if [ -f "$W/fi_prebuild.json" ]; then
-  export TIK_FI_FAILED=$(python3 -c "import json,sys; print(','.join(json.load(open(sys.argv[1]))['failed']))" "$W/fi_prebuild.json")
+  fi_failed=$(python3 -c "import json,sys; print(','.join(json.load(open(sys.argv[1]))['failed']))" "$W/fi_prebuild.json")
+  [ -n "$fi_failed" ] && fif=(--fi-failed "$fi_failed")
   echo "flashinfer prebuild: $(tail -1 "$W/fi_prebuild.log")"
 fi
 if [[ $steps == *" rowops "* ]]; then
-  qb=--quick-bench; [ "${TIK_ROWOPS_FULL:-0}" = 1 ] && qb=
-  step rowops 200 python3 -m areal_tik_plugin.contract --out "$W" --ops rmsnorm,rope,swiglu,kv_write --no-checks $qb
+  qb=(--quick-bench); [ "$rowops_full" = 1 ] && qb=()
+  step rowops 200 python3 -m areal_tik_plugin.contract --out "$W" --ops rmsnorm,rope,swiglu,kv_write --no-checks "${qb[@]}" "${off[@]}" "${fif[@]}"
 fi
-[[ $steps == *" attention "* ]] && step attention 200 python3 -m areal_tik_plugin.contract --out "$W" --ops attention --no-checks
-[[ $steps == *" layer "* ]] && step layer 180 python3 -m benchmarks.layer_bench --out "$W" ${TIK_LAYER_ARGS:---quick --models qwen3-4b,qwen3-30b-a3b --decode 1024,4096}
+fpb=(); [ "$fi_pb_set" = 1 ] && fpb=(--fi-prefill-backends "$fi_pb")
+[[ $steps == *" attention "* ]] && step attention 200 python3 -m areal_tik_plugin.contract --out "$W" --ops attention --no-checks "${off[@]}" "${fif[@]}" "${fpb[@]}"
+# shellcheck disable=SC2086  # --layer-args: split into words on purpose
+[[ $steps == *" layer "* ]] && step layer 180 python3 -m benchmarks.layer_bench --out "$W" $layer_args "${off[@]}" "${fif[@]}"
+if [ $dry = 1 ]; then x python3 -m benchmarks.baselines_table "$W"; rm -rf "$W"; exit 0; fi
 # at most 8 files come back from a device call: everything goes into one archive whose name sorts first
 (cd "$OUT" && tar czf 00-baselines.tgz w) || echo "could not pack $OUT/00-baselines.tgz"
 echo; echo "== summary ($(( $(date +%s) - T0 )) s)"

@@ -4,6 +4,12 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tik-out}
+# the arguments go to python -m areal_tik_plugin.contract: refused (exit 2, with its usage) before any install
+python3 -c "import sys; from areal_tik_plugin.contract.__main__ import build_parser, configure
+try:
+    configure(build_parser().parse_args(sys.argv[1:]))
+except ValueError as e:
+    sys.exit(f'gpu_run.sh: {e}')" --out "$OUT" "$@" || { echo "gpu_run.sh: see the header of benchmarks/gpu_run.sh" >&2; exit 2; }
 mkdir -p "$OUT"
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

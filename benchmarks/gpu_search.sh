@@ -9,9 +9,12 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tik-out}
+# NAME and TIME_BUDGET_S come first; the arguments after them go to `tik search run`, which refuses unknown ones
+case "${1:-}" in -*) echo "gpu_search.sh: unknown option $1: NAME and TIME_BUDGET_S come first (see the header of benchmarks/gpu_search.sh)" >&2; exit 2;; esac
 NAME=${1:-h200-knobs}
 SPEC=${SPEC:-search/specs/h200_attention.yaml}
 BUDGET=${2:-420}
+[[ $BUDGET =~ ^-?[0-9]+$ ]] || { echo "gpu_search.sh: TIME_BUDGET_S: expected seconds, got $BUDGET (see the header of benchmarks/gpu_search.sh)" >&2; exit 2; }
 shift 2 2>/dev/null || shift $#
 mkdir -p "$OUT"
 # resume a run brought back from an earlier call: RESUME_FROM=path/to/run (copied to $OUT/$NAME, made writable)

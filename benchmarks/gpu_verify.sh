@@ -7,6 +7,10 @@ set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tik-out}
 MODE=${1:-quick}
+case "$MODE" in quick|full|verify|bench) ;;
+  *) echo "gpu_verify.sh: unknown argument $MODE: expected quick, full, verify or bench (see the header of benchmarks/gpu_verify.sh)" >&2; exit 2;;
+esac
+[ $# -le 1 ] || { echo "gpu_verify.sh: one argument at most, got $* (see the header of benchmarks/gpu_verify.sh)" >&2; exit 2; }
 mkdir -p "$OUT"
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -915,7 +915,14 @@ def main(argv=None) -> int:
     ap.add_argument("--pdl-probe", action="store_true",
                     help="re-time the plugin decode step at the last context with programmatic dependent launch "
                          "off and on (free knob; bits compared)")
+    from areal_tik_plugin.contract import baselines as B
+
+    B.add_arguments(ap)
     args = ap.parse_args(argv)
+    try:
+        B.configure(args.baselines_off, args.fi_failed)
+    except ValueError as e:
+        ap.error(str(e))
 
     import torch
 

@@ -5,7 +5,7 @@
 
 1. builds a qwen3-4b-shaped random checkpoint (36 layers, hidden 2560, 32/8 heads x 128, MLP 9728,
    vocab 151936; tiny local tokenizer) on the GPU, or with ``--shape qwen3-30b-a3b`` a Qwen3-MoE one with
-   Qwen3-30B-A3B's layer shape (128 experts, top-8) and its first TIK_SGL_MOE_LAYERS (4) layers;
+   Qwen3-30B-A3B's layer shape (128 experts, top-8) and its first ``--moe-layers`` (4) layers;
 2. SGLang Engine ``attention_backend="tik"`` (CUDA graphs on): after a warm-up batch on other prompts
    (JIT compilation; neither timed nor compared), ``--batch`` requests sharing a prefix, greedy then
    sampled (per-request temperatures, radix-cache hits), chunked prefill, ``--new`` tokens each; timed;
@@ -36,10 +36,11 @@ import time
 from areal_tik_plugin.integrations.sglang import check as SC
 from areal_tik_plugin.models import checkpoint_kwargs
 
-# the shapes of areal_tik_plugin.models; Qwen3-30B-A3B's first TIK_SGL_MOE_LAYERS layers (default 4): the MoE
+# the shapes of areal_tik_plugin.models; Qwen3-30B-A3B's first --moe-layers layers (default 4): the MoE
 # model path in SGLang (fused RoPE + set_kv_buffer on a CUDA bf16 pool, our MoE layer)
+MOE_LAYERS = 4
 SHAPES = {"qwen3-4b": checkpoint_kwargs("qwen3-4b"),
-          "qwen3-30b-a3b": checkpoint_kwargs("qwen3-30b-a3b", layers=int(os.environ.get("TIK_SGL_MOE_LAYERS", "4"))),
+          "qwen3-30b-a3b": checkpoint_kwargs("qwen3-30b-a3b", layers=MOE_LAYERS),
           "tiny": ("qwen3", {})}
 
 
@@ -61,7 +62,7 @@ def _prompts(batch, prefix_len, vocab_hi, seed=0):
     return [prefix + [rng.randrange(4, vocab_hi) for _ in range(1 + i % 17)] for i in range(batch)]
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.sglang_gpu_proof")
     ap.add_argument("--out", required=True)
     ap.add_argument("--model-dir", default=None)
@@ -83,17 +84,28 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=6,
                     help="greedy jobs timed per engine (>= 1); the ones after the first run on radix-cached prompts, "
                          "and their median decode tokens/s (>= 5 of them by default) is reported next to the first job's")
+    ap.add_argument("--moe-layers", type=int, default=MOE_LAYERS,
+                    help="with --shape qwen3-30b-a3b: how many of its layers the checkpoint has")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="extra sglang.Engine argument for every engine, e.g. disable_prefill_cuda_graph=true")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     if a.repeat < 1:
         ap.error(f"--repeat {a.repeat}: expected a number of greedy jobs >= 1")
+    if a.moe_layers < 1:
+        ap.error(f"--moe-layers {a.moe_layers}: expected a number of layers >= 1")
     if a.device == "cpu":  # before anything defines a @triton.jit function
         os.environ["TRITON_INTERPRET"] = "1"
     from areal_tik_plugin.models import SGLANG_TINY, build_model
 
     os.makedirs(a.out, exist_ok=True)
     kind, shape = SHAPES[a.shape]
+    if a.shape == "qwen3-30b-a3b":
+        kind, shape = checkpoint_kwargs("qwen3-30b-a3b", layers=a.moe_layers)
     model = a.model_dir or os.path.join(tempfile.gettempdir(), f"tik-{kind}-{a.shape}-random")
     if not os.path.exists(os.path.join(model, "config.json")):
         t = time.time()
@@ -132,6 +144,8 @@ def main(argv=None) -> int:
         env = {"SGLANG_PLUGINS": "none", "TIK_SGLANG_STATS": ""}
         fused = "sgl-kernel (installed)"
         if a.stub_sgl_kernel and a.sgl_kernel_shim == "flashinfer":
+            # an environment variable, not a flag: the stub is imported inside SGLang's spawned scheduler
+            # processes, whose command lines SGLang builds
             env["TIK_SGL_KERNEL_SHIM"] = "flashinfer"
             fused = ("FlashInfer through devenv/gpu_stubs/sgl_kernel (TIK_SGL_KERNEL_SHIM=flashinfer): "
                      + ", ".join(f"sgl_kernel.{k} -> {m}.{f}" for k, (m, f) in _shim_map().items()))

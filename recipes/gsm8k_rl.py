@@ -28,6 +28,8 @@ def main(args):
     valid_dataset = get_custom_dataset(split="test", dataset_config=config.valid_dataset, tokenizer=tokenizer)
 
     workflow_kwargs = dict(
+        # an environment variable, not an option: the whole argv goes to AReaL's config loader, which takes
+        # GRPOConfig keys only (and areal_tik_plugin.run removes the recipe section before it)
         reward_fn=os.environ.get("TIK_REWARD_FN", "areal.reward.gsm8k.gsm8k_reward_fn"),
         gconfig=config.gconfig,
         tokenizer=config.tokenizer_path,

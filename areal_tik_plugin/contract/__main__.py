@@ -10,11 +10,30 @@ import sys
 import time
 
 
-def main(argv=None) -> int:
-    from areal_tik_plugin import evidence
-    from areal_tik_plugin.runtime import loader
+def add_arguments(ap) -> None:
+    """The flags that cut a run's grids and baselines (GPU-time savers; defaults: everything)."""
+    from areal_tik_plugin.contract import baselines
+
+    baselines.add_arguments(ap)
+    ap.add_argument("--gemm-m", default="", metavar="LIST", help="comma list of M values for the GEMM grid "
+                    "(default: the full grid)")
+    ap.add_argument("--gemm-skip-knobs", action="store_true",
+                    help="GEMM: skip the free-knob alternatives (TMA off, other stage counts)")
+    ap.add_argument("--fi-prefill-backends", default=None, metavar="LIST",
+                    help="comma list of FlashInfer prefill backends timed against attention (default fa2,fa3)")
+
+
+def configure(args) -> None:
+    """Apply the parsed flags of :func:`add_arguments`; a bad value raises ValueError before any GPU work."""
+    from areal_tik_plugin.contract import attention, baselines, gemm
+
+    baselines.configure(args.baselines_off, args.fi_failed)
+    gemm.configure(args.gemm_m, args.gemm_skip_knobs)
+    attention.configure(args.fi_prefill_backends)
+
+
+def build_parser() -> argparse.ArgumentParser:
     from areal_tik_plugin.contract import OP_MODULES
-    from areal_tik_plugin.contract.suite import Recorder
 
     ap = argparse.ArgumentParser(prog="python -m areal_tik_plugin.contract")
     ap.add_argument("--out", required=True, help="folder for the evidence JSON")
@@ -23,7 +42,22 @@ def main(argv=None) -> int:
     ap.add_argument("--quick-bench", action="store_true", help="smaller benchmark grids, full contract checks")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-checks", action="store_true")
+    add_arguments(ap)
+    return ap
+
+
+def main(argv=None) -> int:
+    from areal_tik_plugin import evidence
+    from areal_tik_plugin.runtime import loader
+    from areal_tik_plugin.contract import OP_MODULES
+    from areal_tik_plugin.contract.suite import Recorder
+
+    ap = build_parser()
     args = ap.parse_args(argv)
+    try:
+        configure(args)
+    except ValueError as e:
+        ap.error(str(e))
 
     import torch
 

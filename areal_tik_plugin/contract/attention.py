@@ -385,7 +385,8 @@ def _sdpa_decode_fn(B, ctx, Hq, Hkv, D):
 
 # FlashInfer baselines (SGLang's flashinfer attention backend calls these wrappers) ---------------------
 _FI_WS: dict = {}
-FI_PREFILL_BACKENDS = ("fa2", "fa3")  # fa3: the sm90 (Hopper) kernels; TIK_FI_PREFILL_BACKENDS cuts the list
+FI_PREFILL_BACKENDS = ("fa2", "fa3")  # fa3: the sm90 (Hopper) kernels; --fi-prefill-backends cuts the list
+FI_PREFILL_CHOSEN = None  # --fi-prefill-backends of python -m areal_tik_plugin.contract (configure()); None: all
 FI_DECODE_PAGES = (1, 16)             # SGLang's flashinfer backend runs page 1; 16 is FlashInfer's common choice
 GRAPH_MAX_COLD_US = 5000.0            # CUDA-graph timing only where launch cost can matter (cold < 5 ms)
 
@@ -396,11 +397,20 @@ def _fi_ws():
     return _FI_WS["ws"]
 
 
-def _fi_prefill_backends():
-    import os
+def configure(fi_prefill_backends: str | None = None) -> None:
+    global FI_PREFILL_CHOSEN
+    if fi_prefill_backends is None:
+        FI_PREFILL_CHOSEN = None
+        return
+    got = tuple(b for b in fi_prefill_backends.split(",") if b)
+    bad = [b for b in got if b not in FI_PREFILL_BACKENDS]
+    if bad:
+        raise ValueError(f"--fi-prefill-backends: expected names from {FI_PREFILL_BACKENDS}, got {bad}")
+    FI_PREFILL_CHOSEN = got
 
-    raw = os.environ.get("TIK_FI_PREFILL_BACKENDS")
-    return tuple(b for b in raw.split(",") if b) if raw is not None else FI_PREFILL_BACKENDS
+
+def _fi_prefill_backends():
+    return FI_PREFILL_CHOSEN if FI_PREFILL_CHOSEN is not None else FI_PREFILL_BACKENDS
 
 
 def _fi_ragged_prefill(backend, q, k, v, lens, Hq, Hkv, D):

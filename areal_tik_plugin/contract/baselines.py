@@ -8,8 +8,9 @@ with :func:`build_row`: the strongest baseline per timing method (cold do_bench 
 by name, and the ratio against it. Weaker paths that are kept for context (eager HF) are labelled
 ``"vs_eager_hf (context)"`` and never enter a headline geomean (:func:`summarize`).
 
-``TIK_BASELINES_OFF`` (comma list of ``flashinfer``, ``liger``, ``compile``, ``areal``, ``cudnn``) switches
-families off for a shorter run; the rows then record "switched off by TIK_BASELINES_OFF".
+``--baselines-off`` (comma list of ``flashinfer``, ``liger``, ``compile``, ``areal``, ``cudnn``; a flag of
+``python -m areal_tik_plugin.contract`` and ``benchmarks.layer_bench``, see :func:`add_arguments`) switches
+families off for a shorter run; the rows then record "switched off by --baselines-off".
 """
 
 from __future__ import annotations
@@ -30,16 +31,46 @@ class Unavailable(Exception):
     """A baseline that cannot run here; the message is the reason recorded in the bench table."""
 
 
-def switched_off(family: str, env: dict | None = None) -> bool:
+# the run's choices, set once from the command line by configure(); every benchmark reads them
+OFF: frozenset = frozenset()  # families switched off (--baselines-off)
+FI_FAILED: frozenset = frozenset()  # benchmarks/flashinfer_prebuild jobs that failed (--fi-failed)
+
+
+def comma_set(raw: str, what: str, allowed=None) -> frozenset:
+    if not isinstance(raw, str):
+        raise TypeError(f"{what}: expected a comma list (str), got {type(raw).__name__}")
+    got = frozenset(s.strip() for s in raw.split(",") if s.strip())
+    bad = sorted(got - set(allowed)) if allowed is not None else []
+    if bad:
+        raise ValueError(f"{what}: expected names from {tuple(allowed)}, got {bad}")
+    return got
+
+
+def add_arguments(ap) -> None:
+    """The flags that cut the baselines of a benchmark entry point (read back with :func:`configure`)."""
+    ap.add_argument("--baselines-off", default="", metavar="LIST",
+                    help=f"comma list of baseline families to switch off, from {list(FAMILIES)}")
+    ap.add_argument("--fi-failed", default="", metavar="LIST",
+                    help="comma list of benchmarks/flashinfer_prebuild jobs that failed (their FlashInfer "
+                         "baselines are recorded as unavailable instead of JIT-compiling in a timed run)")
+
+
+def configure(baselines_off: str = "", fi_failed: str = "") -> None:
+    global OFF, FI_FAILED
+    OFF = comma_set(baselines_off, "--baselines-off", FAMILIES)
+    FI_FAILED = comma_set(fi_failed, "--fi-failed")
+
+
+def switched_off(family: str, off: str | None = None) -> bool:
+    """Whether ``family`` is switched off: by ``off`` (a comma list) when given, else by :func:`configure`."""
     if family not in FAMILIES:
         raise ValueError(f"baseline family: expected one of {FAMILIES}, got {family!r}")
-    raw = (os.environ if env is None else env).get("TIK_BASELINES_OFF", "")
-    return family in {s.strip() for s in raw.split(",") if s.strip()}
+    return family in (OFF if off is None else comma_set(off, "baselines off", FAMILIES))
 
 
 def require(family: str) -> None:
     if switched_off(family):
-        raise Unavailable(f"{family}: switched off by TIK_BASELINES_OFF")
+        raise Unavailable(f"{family}: switched off by --baselines-off")
 
 
 def versions() -> dict:
@@ -91,13 +122,12 @@ def _import(family: str, modname: str, need_cuda: bool = True):
 
 def flashinfer(job: str | None = None):
     """The flashinfer module; ``job``: the benchmarks/flashinfer_prebuild job that JIT-builds the kernels
-    the caller needs -- listed in ``TIK_FI_FAILED`` (the prebuild failed or timed out) it is Unavailable,
+    the caller needs -- listed in ``--fi-failed`` (the prebuild failed or timed out) it is Unavailable,
     so that no timed run compiles a kernel."""
     mod = _import("flashinfer", "flashinfer")
-    failed = {s.strip() for s in os.environ.get("TIK_FI_FAILED", "").split(",") if s.strip()}
-    if job is not None and job in failed:
+    if job is not None and job in FI_FAILED:
         raise Unavailable(f"flashinfer {job}: JIT build failed or timed out in benchmarks/flashinfer_prebuild "
-                          "(TIK_FI_FAILED; see fi_prebuild.json)")
+                          "(--fi-failed; see fi_prebuild.json)")
     return mod
 
 

@@ -10,7 +10,6 @@ attention/router shapes; TFLOP/s and TB/s for both.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
@@ -418,13 +417,25 @@ def _bench_host_launch(rec) -> None:
 CUBLAS = "torch.nn.functional.linear (cuBLAS)"
 
 
-def _env_ms():
-    """``TIK_GEMM_M`` (comma list) cuts the M grid for a shorter run; unset: the full grid."""
-    raw = os.environ.get("TIK_GEMM_M", "")
+# set from the command line of python -m areal_tik_plugin.contract (configure())
+GEMM_M: tuple = ()  # --gemm-m: cuts the M grid for a shorter run; empty: the full grid
+SKIP_KNOBS = False  # --gemm-skip-knobs: no free-knob alternatives (TMA off, other stage counts)
+
+
+def parse_ms(raw: str) -> tuple:
     try:
         return tuple(int(m) for m in raw.split(",") if m.strip())
     except ValueError:
-        raise ValueError(f"TIK_GEMM_M: expected a comma list of integers, got {raw!r}") from None
+        raise ValueError(f"--gemm-m: expected a comma list of integers, got {raw!r}") from None
+
+
+def configure(gemm_m: str = "", skip_knobs: bool = False) -> None:
+    global GEMM_M, SKIP_KNOBS
+    GEMM_M, SKIP_KNOBS = parse_ms(gemm_m), bool(skip_knobs)
+
+
+def _env_ms():
+    return GEMM_M
 
 
 def run_bench(rec, quick: bool = False) -> None:
@@ -462,7 +473,7 @@ def run_bench(rec, quick: bool = False) -> None:
             del x
         del ws, w, b
     # free-knob alternatives (informs the per-M table): TMA off, other stage counts
-    if not quick and not os.environ.get("TIK_GEMM_SKIP_KNOBS"):
+    if not quick and not SKIP_KNOBS:
         for (N, K), M in (((19456, 2560), 64), ((19456, 2560), 4096), ((5120, 2048), 4096), ((12288, 4096), 1),
                           ((12288, 4096), 1024)):
             x, w, _ = _data(M, N, K, seed=5)

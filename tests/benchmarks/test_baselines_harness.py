@@ -46,7 +46,7 @@ def test_prebuild_failed_keys():
 def test_flashinfer_job_listed_as_failed_is_unavailable(monkeypatch):
     import pytest
 
-    monkeypatch.setenv("TIK_FI_FAILED", "prefill_fa3")
+    monkeypatch.setattr(B, "FI_FAILED", frozenset({"prefill_fa3"}))
     monkeypatch.setitem(B._MODS, "flashinfer", (object(), None))  # as if importable
     import torch
 
@@ -61,7 +61,7 @@ def test_gpu_script_parses_and_names_every_step():
     assert subprocess.run(["bash", "-n", path]).returncode == 0
     text = open(path).read()
     for piece in ("flashinfer_prebuild", "--ops \"$s\" --no-checks", "--ops attention --no-checks",
-                  "benchmarks.layer_bench", "00-baselines.tgz", "TIK_DEADLINE_S", "baselines_table", "TIK_FI_FAILED"):
+                  "benchmarks.layer_bench", "00-baselines.tgz", "--deadline-s", "baselines_table", "--fi-failed"):
         assert piece in text, piece
 
 
@@ -70,7 +70,7 @@ def test_e2e_step_uses_the_e2e_cell_and_falls_through_to_the_gsm8k_runner():
     assert subprocess.run(["bash", "-n", path]).returncode == 0
     text = open(path).read()
     e2e = text[text.index("    gsm8k-e2e)"):text.index("    gsm8k)")]
-    assert "gpu-e2e-qwen3" in e2e and "TIK_E2E_ATTN_IMPL" in e2e and e2e.rstrip().endswith(";&")
+    assert "gpu-e2e-qwen3" in e2e and "actor.attn_impl=$e2e_attn_impl" in e2e and e2e.rstrip().endswith(";&")
     assert ".whl-fi" in text and "cli compare $runs" in text
 
 

@@ -11,7 +11,7 @@ from areal_tik_plugin.contract.suite import Recorder
 
 
 def test_collect_records_every_skip_once_with_its_reason(monkeypatch):
-    monkeypatch.setenv("TIK_BASELINES_OFF", "liger")
+    monkeypatch.setattr(B, "OFF", frozenset({"liger"}))
     rec = Recorder("x")
 
     def broken():
@@ -25,7 +25,7 @@ def test_collect_records_every_skip_once_with_its_reason(monkeypatch):
     assert got == got2 == {"torch.addcmul": "call"}
     skips = {b["baseline"]: b["reason"] for b in rec.benchmarks if b["name"] == "baseline_skipped"}
     assert len([b for b in rec.benchmarks if b["name"] == "baseline_skipped"]) == 3  # once each, not per call
-    assert skips["liger_kernel.LigerRMSNorm"] == "liger: switched off by TIK_BASELINES_OFF"
+    assert skips["liger_kernel.LigerRMSNorm"] == "liger: switched off by --baselines-off"
     assert skips["broken"] == "set-up failed: RuntimeError: plan failed"
     import torch
 
@@ -34,10 +34,12 @@ def test_collect_records_every_skip_once_with_its_reason(monkeypatch):
 
 
 def test_switched_off_rejects_unknown_family():
-    assert B.switched_off("compile", {"TIK_BASELINES_OFF": " compile ,liger"})
-    assert not B.switched_off("flashinfer", {"TIK_BASELINES_OFF": "compile"})
+    assert B.switched_off("compile", " compile ,liger")
+    assert not B.switched_off("flashinfer", "compile")
     with pytest.raises(ValueError, match="baseline family"):
-        B.switched_off("flash", {})
+        B.switched_off("flash", "")
+    with pytest.raises(ValueError, match="expected names from"):
+        B.switched_off("compile", "compile,flash")
 
 
 def test_best_of_per_method_and_ratio_against_the_strongest_only():
@@ -94,7 +96,7 @@ def test_versions_name_every_baseline_package():
 
 
 def test_try_compiled_reports_why_instead_of_raising(monkeypatch):
-    monkeypatch.setenv("TIK_BASELINES_OFF", "compile")
+    monkeypatch.setattr(B, "OFF", frozenset({"compile"}))
     e = B.try_compiled(lambda x: x, "m")
     assert isinstance(e, B.Unavailable) and "switched off" in str(e)
     with pytest.raises(B.Unavailable):

@@ -34,7 +34,7 @@ def cpu_bench(monkeypatch):
     for m in (norm, swiglu):
         monkeypatch.setattr(m, "native_host_row", host)
     monkeypatch.setattr(rope, "MAX_POS", 64)
-    monkeypatch.setenv("TIK_BASELINES_OFF", "compile,areal")  # inductor (AReaL's log-prob too) needs a GPU here
+    monkeypatch.setattr(B, "OFF", frozenset({"compile", "areal"}))  # inductor (AReaL's log-prob too) needs a GPU here
     return calls
 
 
@@ -50,8 +50,8 @@ def test_row_op_bench_rows_name_their_baselines(cpu_bench, op):
     assert rec.errors == [], rec.errors
     skipped = {b["baseline"]: b["reason"] for b in rec.benchmarks if b["name"] == "baseline_skipped"}
     assert op in ("logprob", "kv_write") or any(n.startswith("flashinfer") for n in skipped)
-    assert (skipped or op == "kv_write") and all(r in ("flashinfer: no CUDA GPU", "compile: switched off by TIK_BASELINES_OFF",
-                                 "areal: switched off by TIK_BASELINES_OFF")
+    assert (skipped or op == "kv_write") and all(r in ("flashinfer: no CUDA GPU", "compile: switched off by --baselines-off",
+                                 "areal: switched off by --baselines-off")
                            or r.startswith("liger") or "not importable" in r for r in skipped.values()), skipped
     rows = [b for b in rec.benchmarks if "baselines" in b]
     if op == "kv_write":  # SGLang's own write is the one baseline: always there, always the strongest

@@ -56,12 +56,12 @@ def run_recipe(work, name, model, *overrides, batch=1, timeout=900):
     out.mkdir()
     env = with_cpu_stubs()
     env.update(TIK_REWARD_FN="areal_tik_plugin.integrations.areal.testing.parity_reward_fn",
-               TIK_TINY_MODEL=str(work / model), TIK_GSM8K_DATA=os.path.join(ROOT, "tests", "data", "gsm8k_tiny"),
                TRITON_INTERPRET="1", WANDB_MODE="offline", WANDB_SILENT="true")
     cmd = [sys.executable, "-m", "areal_tik_plugin.run", "--spmd", "--log-dir", str(out),
            os.path.join(ROOT, "recipes", "gsm8k_rl.py"), "--config", os.path.join(ROOT, "recipes", "gsm8k", "config.yaml"),
            "model=cpu-tiny", "algorithm=grpo", "staleness=s0", f"cluster.fileroot={out}/fr",
            f"cluster.name_resolve.nfs_record_root={out}/nr", f"train_dataset.batch_size={batch}",
+           f"actor.path={work / model}", "train_dataset.path=" + os.path.join(ROOT, "tests", "data", "gsm8k_tiny"),
            "gconfig.max_new_tokens=8", f"trial_name={name}", *overrides]
     log = out / "run.log"
     with open(log, "w") as f:

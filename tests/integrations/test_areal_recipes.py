@@ -93,6 +93,12 @@ def test_gpu_random_cell(tmp_path):
     rows = sum(1 for _ in open(os.path.join(ROOT, "tests", "data", "gsm8k_tiny", "main", "train-00000-of-00001.jsonl")))
     assert cfg.total_train_epochs * (rows // cfg.train_dataset.batch_size) >= cfg.total_train_steps
     assert cfg.train_dataset.batch_size * cfg.gconfig.n_samples <= cfg.sglang.max_running_requests
+    # the step script's model and data overrides reach every reader of them
+    assert cfg.actor.path == "/tmp/tik-random-qwen3-1.7b" and cfg.train_dataset.path == "tests/data/gsm8k_tiny"
+    cfg, _, _ = compose({"model": "gpu-random-qwen3", "algorithm": "grpo", "staleness": "s0", "mode": "tik", "seed": 1},
+                        [f"cluster.fileroot={tmp_path}", f"actor.path={tmp_path}/m", f"train_dataset.path={tmp_path}/d"])
+    assert cfg.actor.path == cfg.ref.path == cfg.tokenizer_path == cfg.sglang.model_path == f"{tmp_path}/m"
+    assert cfg.train_dataset.path == cfg.valid_dataset.path == f"{tmp_path}/d"
 
 
 def test_gpu_random_cell_sglang_command(tmp_path, monkeypatch):
@@ -127,7 +133,6 @@ def test_gpu_e2e_cell(tmp_path, monkeypatch):
     step script's fallback), >= 20 measured steps after one warm-up that the data split can hold."""
     from areal.api.cli_args import TrainEngineConfig
 
-    monkeypatch.delenv("TIK_E2E_ATTN_IMPL", raising=False)
     for mode in ("baseline", "tik"):
         cfg, tik, recipe = compose({"model": "gpu-e2e-qwen3", "algorithm": "grpo", "staleness": "s0", "mode": mode,
                                     "seed": 1}, [f"cluster.fileroot={tmp_path}"])
@@ -137,10 +142,9 @@ def test_gpu_e2e_cell(tmp_path, monkeypatch):
         assert cfg.total_train_steps - 1 >= 20
         rows = sum(1 for _ in open(os.path.join(ROOT, "tests", "data", "gsm8k_tiny", "main", "train-00000-of-00001.jsonl")))
         assert cfg.total_train_epochs * (rows // cfg.train_dataset.batch_size) >= cfg.total_train_steps
-    monkeypatch.setenv("TIK_E2E_ATTN_IMPL", "sdpa")
     cfg, _, _ = compose({"model": "gpu-e2e-qwen3", "algorithm": "grpo", "staleness": "s0", "mode": "baseline",
-                         "seed": 1}, [f"cluster.fileroot={tmp_path}"])
-    assert cfg.actor.attn_impl == "sdpa"
+                         "seed": 1}, [f"cluster.fileroot={tmp_path}", "actor.attn_impl=sdpa"])
+    assert cfg.actor.attn_impl == cfg.ref.attn_impl == "sdpa"
 
 
 def test_gpu_baseline_sglang_on_flashinfer_when_carried(tmp_path, monkeypatch):

@@ -74,6 +74,8 @@ FLASHINFER_MAP = {
     "min_p_sampling_from_probs": ("flashinfer.sampling", "min_p_sampling_from_probs"),
 }
 CALLS: dict = {}
+# read from the environment: this module is imported in SGLang's scheduler processes, which inherit the
+# environment but not a command line of ours
 MODE = os.environ.get("TIK_SGL_KERNEL_SHIM", "raise")
 if MODE not in ("raise", "flashinfer"):
     raise ValueError(f"TIK_SGL_KERNEL_SHIM: expected 'raise' or 'flashinfer', got {MODE!r}")
