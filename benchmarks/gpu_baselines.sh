@@ -51,18 +51,9 @@ done
 for v in deadline_s fi_prebuild_s; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "gpu_baselines.sh: --${v//_/-}: expected seconds, got ${!v}" >&2; exit 2; }
 done
-# --dry-run: each command line once, shell-quoted, on stdout (fd 3: the step's log redirection does not catch it)
-exec 3>&1
-q="'"
-show() {
-  local out= a
-  for a in "$@"; do
-    [[ -z $a || $a == *[^A-Za-z0-9_@%+=:,./-]* ]] && a="$q${a//$q/$q\\$q$q}$q"
-    out+="${out:+ }$a"
-  done
-  echo "+ $out" >&3
-}
-x() { if [ $dry = 1 ]; then show "$@"; else "$@"; fi; }
+# --dry-run: x CMD prints the command line instead of running it
+# shellcheck source=benchmarks/dryrun.sh
+. "$(dirname "$0")/dryrun.sh"
 OUT=${OUT:-/tmp/tik-out}
 W=$OUT/w
 mkdir -p "$W"

@@ -110,18 +110,9 @@ for v in deadline_s sgl_limit sgl_repeat sgl_batch sgl_new sgl_moe_layers pyspy_
          verify_batch lb_limit gs_limit host_limit search_budget_s search_reserve_s gsm8k_limit; do
   [[ -z ${!v} || ${!v} =~ ^[0-9]+$ ]] || { echo "gpu_integrations.sh: --${v//_/-}: expected a whole number, got ${!v}" >&2; exit 2; }
 done
-# --dry-run: each command line once, shell-quoted, on stdout (fd 3: the step's log redirection does not catch it)
-exec 3>&1
-q="'"
-show() {
-  local out= a
-  for a in "$@"; do
-    [[ -z $a || $a == *[^A-Za-z0-9_@%+=:,./-]* ]] && a="$q${a//$q/$q\\$q$q}$q"
-    out+="${out:+ }$a"
-  done
-  echo "+ $out" >&3
-}
-x() { if [ $dry = 1 ]; then show "$@"; else "$@"; fi; }
+# --dry-run: x CMD prints the command line instead of running it
+# shellcheck source=benchmarks/dryrun.sh
+. "$(dirname "$0")/dryrun.sh"
 OUT=${OUT:-/tmp/tik-out}
 mkdir -p "$OUT/w"
 W=$OUT/w
