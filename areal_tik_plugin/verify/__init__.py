@@ -712,10 +712,11 @@ def _rng(xs):
 def _cmd_verify(args) -> int:
     if getattr(args, "engine", "hf") == "megatron":
         return _cmd_verify_megatron(args)
+    from areal_tik_plugin.runtime import loader
+
+    prev = os.environ.get("TIK_IMPLEMENTATION")
     try:
         if args.implementation:  # e.g. a `tik search export`: its evidence is checked on load
-            from areal_tik_plugin.runtime import loader
-
             path = loader.resolve_path(args.implementation)
             loader.set_implementation(path)
             os.environ["TIK_IMPLEMENTATION"] = path
@@ -729,6 +730,13 @@ def _cmd_verify(args) -> int:
     except (ValueError, NotImplementedError, RuntimeError) as e:
         print(f"tik verify: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    finally:
+        if args.implementation:  # the command's choice does not outlive it (in-process callers, tests)
+            if prev is None:
+                os.environ.pop("TIK_IMPLEMENTATION", None)
+            else:
+                os.environ["TIK_IMPLEMENTATION"] = prev
+            loader.set_implementation(None)
     _emit(args, rep, format_table)
     return 0 if rep["plugin_bit_identical"] else 1
 
