@@ -15,7 +15,9 @@ GPU machine (nvcc + ninja there) from the wheel's ``data/`` sources. The trimmed
   shim's top-k / top-p), batch/single decode, batch/single prefill FA2 and FA3 (sm90)) and the transitive closure of the headers they include, resolved against
   the include directories FlashInfer's JIT passes to nvcc (its own ``include``, ``csrc``, the vendored
   CUTLASS, spdlog and CCCL). The scan follows every ``#include`` regardless of ``#if`` guards, so it keeps
-  a superset of what one configuration compiles. Headers found in none of those directories come from
+  a superset of what one configuration compiles; includes named by a macro (CUTLASS's
+  ``#include CUDA_STD_HEADER(utility)``, Thrust's system headers) are expanded by :data:`MACRO_INCLUDES`,
+  and a kept file with one it does not know fails the build. Headers found in none of those directories come from
   the CUDA toolkit, the system or ``tvm_ffi`` (carried as its own wheel).
 
 Runtime requirements that the H200 image lacks are carried as wheels too (:data:`CARRIED_DEPS`);
@@ -131,10 +133,34 @@ CSRC = "flashinfer/data/csrc/"
 DATA_KEEP_PREFIXES = ("flashinfer/data/build_backend.py", "flashinfer/data/build_utils.py")
 
 _INCLUDE = re.compile(r'#\s*include\s*[<"]([^>"]+)[>"]')
+# an include whose name is a macro (a computed include), at the start of a line (prose in comments names
+# "#include this" and the like mid-line): `#include CUDA_STD_HEADER(utility)`, `#include THRUST_MR_STD_MR_HEADER`
+_MACRO_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+([A-Za-z_]\w*)(?:[ \t]*\([ \t]*([^)]*?)[ \t]*\))?', re.M)
+# What the computed includes of the vendored headers name in a CUDA build, ``{}`` the macro's argument
+# (from the macros' definitions: cutlass/cutlass.h; thrust/detail/config/{device,host}_system.h with the
+# CUDA device system and the CPP host system, universal_{vector,allocator}.h; memory_resource.h names a
+# standard header). CUTLASS and CuTe reach CCCL's <cuda/std/...> this way only: missed, nvcc would take
+# those headers from the toolkit's own (other) CCCL release instead of the vendored one.
+MACRO_INCLUDES = {
+    "CUDA_STD_HEADER": "cuda/std/{}",
+    "__THRUST_DEVICE_SYSTEM_ALGORITH_HEADER_INCLUDE": "thrust/system/cuda/{}",
+    "__THRUST_DEVICE_SYSTEM_ALGORITH_DETAIL_HEADER_INCLUDE": "thrust/system/cuda/detail/{}",
+    "__THRUST_HOST_SYSTEM_ALGORITH_HEADER_INCLUDE": "thrust/system/cpp/{}",
+    "__THRUST_HOST_SYSTEM_ALGORITH_DETAIL_HEADER_INCLUDE": "thrust/system/cpp/detail/{}",
+    "__THRUST_DEVICE_SYSTEM_MEMORY_HEADER": "thrust/system/cuda/memory.h",
+    "__THRUST_DEVICE_SYSTEM_VECTOR_HEADER": "thrust/system/cuda/vector.h",
+    "THRUST_MR_STD_MR_HEADER": "memory_resource",
+}
 
 
 def includes_of(text: str) -> list[str]:
-    return _INCLUDE.findall(text)
+    """Header names a source includes, computed includes expanded by :data:`MACRO_INCLUDES` (an unknown
+    macro yields ``"<MACRO(arg)>"`` or ``"<MACRO>"``, which resolves nowhere and so lands in the unresolved set)."""
+    names = _INCLUDE.findall(text)
+    for macro, arg in _MACRO_INCLUDE.findall(text):
+        form = MACRO_INCLUDES.get(macro)
+        names.append(form.format(arg) if form is not None else f"<{macro}({arg})>" if arg else f"<{macro}>")
+    return names
 
 
 def header_closure(names: set[str], read, seeds: list[str], extra_texts: list[str] = ()) -> tuple[set[str], set[str]]:
@@ -177,7 +203,8 @@ def _norm(p: str) -> str:
 
 def manifest(names: list[str], read) -> dict:
     """Which wheel paths the trimmed wheel keeps, and why: ``{"keep": sorted paths, "sources": [...],
-    "headers": n, "unresolved": sorted include names, "missing_sources": [...]}``."""
+    "headers": n, "unresolved": sorted include names, "unknown_computed": computed includes (``MACRO(arg)``)
+    of kept files that :data:`MACRO_INCLUDES` does not expand, "missing_sources": [...]}``."""
     nameset = set(names)
     missing = [s for s in JIT_SOURCES if CSRC + s not in nameset]
     seeds = [CSRC + s for s in JIT_SOURCES if CSRC + s in nameset]
@@ -199,7 +226,8 @@ def manifest(names: list[str], read) -> dict:
         elif n.startswith("flashinfer/") and n.endswith((".json", ".txt", ".typed")) and "/data/" not in n:
             keep.add(n)  # small config tables some modules read at import
     return {"keep": sorted(keep), "sources": seeds, "headers": len(data_kept) - len(seeds),
-            "unresolved": sorted(unresolved), "missing_sources": missing}
+            "unresolved": sorted(u for u in unresolved if not u.startswith("<")),
+            "unknown_computed": sorted(u[1:-1] for u in unresolved if u.startswith("<")), "missing_sources": missing}
 
 
 def _record_line(name: str, data: bytes) -> str:
@@ -259,6 +287,10 @@ def main(argv=None) -> int:
           f"{len(os.listdir(a.dest))} wheels, {total / 2**20:.1f} MiB in {a.dest}")
     if m["missing_sources"]:
         print(f"JIT sources not in the wheel: {m['missing_sources']}", file=sys.stderr)
+        return 1
+    if m["unknown_computed"]:
+        print(f"computed includes the scan cannot expand (add them to MACRO_INCLUDES): {m['unknown_computed']}",
+              file=sys.stderr)
         return 1
     if m["after_mib"] > LIMIT_MIB:
         print(f"trimmed wheel over its {LIMIT_MIB} MiB budget", file=sys.stderr)

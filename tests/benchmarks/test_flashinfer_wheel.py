@@ -27,6 +27,27 @@ def test_header_closure_follows_quoted_and_angle_includes_through_include_dirs()
     assert unresolved == {"tvm/ffi/function.h", "cuda_runtime.h"}
 
 
+def test_header_closure_expands_computed_includes_to_the_vendored_cccl():
+    # CUTLASS names CCCL headers through a macro (`#include CUDA_STD_HEADER(utility)`); a scan that misses
+    # it drops the vendored <cuda/std/utility>, and nvcc then mixes in the toolkit's own CCCL release
+    files = {
+        "flashinfer/data/csrc/norm.cu": "#include <cutlass/fast_math.h>",
+        "flashinfer/data/cutlass/include/cutlass/fast_math.h":
+            "#if defined(__CUDACC_RTC__)\n#include CUDA_STD_HEADER(cstdint)\n#endif\n"
+            "  #  include CUDA_STD_HEADER( utility )\n// a comment: #include this header first\n"
+            "#include THRUST_MR_STD_MR_HEADER\n#include SOME_BODY_FILE\n",
+        "flashinfer/data/cccl/libcudacxx/include/cuda/std/utility": '#include "__utility/pair.h"',
+        "flashinfer/data/cccl/libcudacxx/include/cuda/std/__utility/pair.h": "",
+        "flashinfer/data/cccl/libcudacxx/include/cuda/std/cstdint": "",
+        "flashinfer/data/cccl/libcudacxx/include/cuda/std/tuple": "",
+    }
+    kept, unresolved = fw.header_closure(set(files), files.__getitem__, ["flashinfer/data/csrc/norm.cu"])
+    assert kept == set(files) - {"flashinfer/data/cccl/libcudacxx/include/cuda/std/tuple"}
+    assert unresolved == {"memory_resource", "<SOME_BODY_FILE>"}
+    m = fw.manifest(list(files), files.__getitem__)
+    assert m["unknown_computed"] == ["SOME_BODY_FILE"] and m["unresolved"] == ["memory_resource"]
+
+
 def test_manifest_keeps_python_drops_other_gpus_and_unused_data():
     names = ["flashinfer/__init__.py", "flashinfer/norm/__init__.py", "flashinfer/experimental/b12x/x.py",
              "flashinfer/data/csrc/norm.cu", "flashinfer/data/csrc/unused.cu", "flashinfer/moe_ep/a.py",
@@ -60,13 +81,15 @@ def trimmed(tmp_path_factory):
 
 def test_trimmed_wheel_fits_and_carries_every_jit_source(trimmed):
     m, site = trimmed
-    assert not m["missing_sources"]
+    assert not m["missing_sources"] and not m["unknown_computed"]
     assert m["after_mib"] <= fw.LIMIT_MIB
     for s in fw.JIT_SOURCES:
         assert (site / "flashinfer/data/csrc" / s).is_file(), s
     for h in ("flashinfer/data/include/flashinfer/norm.cuh", "flashinfer/data/include/flashinfer/pos_enc.cuh",
               "flashinfer/data/include/flashinfer/activation.cuh", "flashinfer/data/csrc/tvm_ffi_utils.h",
-              "flashinfer/data/include/flashinfer/attention/hopper/variants.cuh"):
+              "flashinfer/data/include/flashinfer/attention/hopper/variants.cuh",
+              # reached only through CUTLASS's `#include CUDA_STD_HEADER(utility)` (FA3's sm90 kernels)
+              "flashinfer/data/cccl/libcudacxx/include/cuda/std/utility"):
         assert (site / h).is_file(), h
     with zipfile.ZipFile(m["wheel"]) as z:  # RECORD lists exactly the files carried
         rec = [ln.split(",")[0] for ln in z.read(next(n for n in z.namelist() if n.endswith("RECORD")))
