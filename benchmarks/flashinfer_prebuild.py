@@ -5,7 +5,14 @@
 
 Each job runs in its own process and builds its modules through the same factories the benchmarks call
 (areal_tik_plugin.contract.attention / norm / rope / swiglu), so the module names and template arguments
-match and the benchmarks find them in FlashInfer's JIT cache. A job that fails or outlives ``--timeout``
+match and the benchmarks find them in FlashInfer's JIT cache.
+
+``--only sglang`` (the ``sgl_*`` jobs; benchmarks.sglang_gpu_proof starts it beside the tik engine) builds
+the modules stock SGLang's ``--attention-backend flashinfer`` engine builds at start for the proof's
+qwen3-4b shape (:data:`SGL_SHAPE`), through the wrappers SGLang's backend constructs, planned with the
+arguments it passes (:func:`plan_like_sglang`), plus the FlashInfer ops its fused-op calls reach through the
+sgl_kernel shim (TIK_SGL_KERNEL_SHIM=flashinfer); :func:`sglang_specs` names them, and each ``sgl_*`` job
+checks afterwards that every one it names is compiled in the cache. A job that fails or outlives ``--timeout``
 is recorded; ``--print-failed`` prints the comma list of failed job keys for ``--fi-failed``, which
 makes the matching baselines record "not built" instead of compiling inside a timed run.
 """
@@ -26,10 +33,84 @@ JOBS = {
     "decode": ("decode",),
     "prefill_fa2": ("prefill_fa2", "decode_tc"),  # tensor-core decode runs the FA2 prefill kernels
     "prefill_fa3": ("prefill_fa3",),
+    # SGLang's flashinfer backend (see plan_like_sglang / sglang_specs)
+    "sgl_fa3": ("sgl_ragged",),
+    "sgl_fa2": ("sgl_paged", "sgl_decode"),
+    "sgl_ops": ("sgl_cascade", "sgl_norm", "sgl_activation", "sgl_sampling"),
 }
+# --only names that stand for several jobs
+GROUPS = {"sglang": ("sgl_fa3", "sgl_fa2", "sgl_ops")}
 # share of the ninja jobs per job key: the prefill modules have ~10 heavy translation units each
 # (FA3's sm90 kernels the slowest), the others 1-3 light ones
-WEIGHTS = {"rowops": 1, "decode": 1, "prefill_fa2": 3, "prefill_fa3": 4}
+WEIGHTS = {"rowops": 1, "decode": 1, "prefill_fa2": 3, "prefill_fa3": 4, "sgl_fa3": 4, "sgl_fa2": 3, "sgl_ops": 2}
+
+# the proof's qwen3-4b shape as SGLang's flashinfer backend sees it (benchmarks.sglang_gpu_proof: bf16
+# model and KV cache, page size 1, no sliding window, no logits soft cap)
+SGL_SHAPE = {"num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128}
+
+
+def sglang_tensor_cores(num_qo_heads: int, num_kv_heads: int, kv_dtype) -> bool:
+    """Whether SGLang's flashinfer backend decodes with tensor cores (its own should_use_tensor_core)."""
+    from sglang.srt.layers.attention.flashinfer_backend import should_use_tensor_core
+
+    return should_use_tensor_core(kv_cache_dtype=kv_dtype, num_attention_heads=num_qo_heads,
+                                  num_kv_heads=num_kv_heads)
+
+
+def plan_like_sglang(part: str, device, tensor_cores: bool, dtype=None, num_qo_heads=32, num_kv_heads=8,
+                     head_dim=128):
+    """Construct the FlashInfer wrapper that SGLang 0.5.23's FlashInferAttnBackend constructs for ``part``
+    and plan it with the arguments its call_begin_forward passes (a 2-request batch, page size 1, int32
+    indptrs). Planning fetches the wrapper's JIT module (building it when the cache lacks it).
+
+    * ``ragged``: BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="auto") (FA3 on sm90);
+    * ``paged``: BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa2");
+    * ``decode``: BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend="fa2", use_tensor_cores=...)."""
+    import torch
+    import flashinfer
+
+    dt = dtype or torch.bfloat16
+    i32 = dict(dtype=torch.int32, device=device)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    qo = torch.tensor([0, 5, 9], **i32)
+    kv_indices, last_page = torch.arange(9, **i32), torch.ones(2, **i32)
+    H, K, D = num_qo_heads, num_kv_heads, head_dim
+    if part == "ragged":
+        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="auto")
+        w.begin_forward(qo, qo, H, K, D, q_data_type=dt)
+    elif part == "paged":
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
+        w.begin_forward(qo, qo, kv_indices, last_page, H, K, D, 1, q_data_type=dt, kv_data_type=dt)
+    elif part == "decode":
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend="fa2", use_tensor_cores=tensor_cores)
+        w.begin_forward(qo, kv_indices, last_page, H, K, D, 1, data_type=dt, q_data_type=dt)
+    else:
+        raise ValueError(f"plan_like_sglang: part {part!r}; expected 'ragged', 'paged' or 'decode'")
+    return w
+
+
+def sglang_specs(tensor_cores: bool, sm90: bool = True, dtype=None, head_dim=128) -> dict:
+    """module key of the sgl_* jobs -> the FlashInfer JitSpecs it builds (their ``name`` is the module URI
+    in the JIT cache). ``sm90``: the ragged prefill's backend "auto" resolves to FA3 (Hopper)."""
+    import torch
+    from flashinfer.jit import activation, cascade, norm, sampling
+    from flashinfer.jit.attention import modules as M
+
+    dt = dtype or torch.bfloat16
+    # (q, kv, o dtypes, index dtype, head_dim qk / vo, pos-encoding NONE, sliding window, soft cap,
+    # fp16 qk reduction): what the wrappers' plan passes for SGLang's arguments
+    args = (dt, dt, dt, torch.int32, head_dim, head_dim, 0, False, False, False)
+    fa2 = M.gen_batch_prefill_module("fa2", *args)
+    return {
+        "sgl_ragged": [M.gen_batch_prefill_module("fa3", *args) if sm90 else fa2],
+        "sgl_paged": [fa2],
+        # tensor-core decode runs the FA2 prefill kernels
+        "sgl_decode": [fa2 if tensor_cores else M.gen_batch_decode_module(*args[:9])],
+        "sgl_cascade": [cascade.gen_cascade_module()],  # merge_state: ragged + paged halves of a cached prefix
+        "sgl_norm": [norm.gen_norm_module()],  # shim: rmsnorm, fused_add_rmsnorm
+        "sgl_activation": [activation.gen_act_and_mul_module("silu")],  # shim: silu_and_mul
+        "sgl_sampling": [sampling.gen_sampling_module()],  # shim: top-k / top-p renorm; SGLang's sampler
+    }
 
 
 def max_jobs(jobs: list[str], total: int) -> dict:
@@ -62,6 +143,31 @@ def _build(module: str) -> None:
         q = torch.randn(2, 32, 128, device=dev, dtype=bf)
         for page in att.FI_DECODE_PAGES:
             att._fi_decode(q, [100, 37], page, module == "decode_tc", 8, 128)()
+    elif module in ("sgl_ragged", "sgl_paged", "sgl_decode"):
+        D = SGL_SHAPE["head_dim"]
+        tc = sglang_tensor_cores(SGL_SHAPE["num_qo_heads"], SGL_SHAPE["num_kv_heads"], bf)
+        plan_like_sglang(module.split("_")[1], dev, tc, bf, **SGL_SHAPE)
+        from flashinfer.utils import is_sm90a_supported
+
+        _check_compiled(sglang_specs(tc, sm90=is_sm90a_supported(torch.device(dev)), head_dim=D)[module])
+    elif module == "sgl_cascade":
+        import flashinfer.cascade
+
+        v = torch.randn(4, 32, 128, device=dev, dtype=bf)
+        s_ = torch.randn(4, 32, device=dev, dtype=torch.float32)
+        flashinfer.cascade.merge_state(v, s_, v.clone(), s_.clone())
+        _check_compiled(sglang_specs(True)[module])
+    elif module in ("sgl_norm", "sgl_activation", "sgl_sampling"):
+        if module == "sgl_sampling":
+            import flashinfer.sampling
+
+            probs = torch.softmax(torch.randn(4, 1000, device=dev), -1)
+            flashinfer.sampling.top_k_renorm_probs(probs, 20)
+            flashinfer.sampling.top_p_renorm_probs(probs, 0.9)
+            flashinfer.sampling.top_k_top_p_sampling_from_probs(probs, 20, 0.9)
+        else:
+            _build(module.split("_", 1)[1])
+        _check_compiled(sglang_specs(True)[module])
     elif module.startswith("prefill_"):
         lens = [100, 37]
         q = torch.randn(sum(lens), 32, 128, device=dev, dtype=bf)
@@ -70,6 +176,20 @@ def _build(module: str) -> None:
     else:
         raise ValueError(f"unknown FlashInfer module {module!r}; expected one of {sorted(sum(JOBS.values(), ()))}")
     torch.cuda.synchronize()
+
+
+def _check_compiled(specs) -> None:
+    missing = [sp.name for sp in specs if not sp.is_compiled]
+    if missing:
+        raise RuntimeError(f"built, yet not in the JIT cache under the names SGLang's backend asks for: {missing}")
+
+
+def expand(only: str) -> list[str]:
+    """--only's comma list, group names (:data:`GROUPS`) replaced by their jobs."""
+    jobs = []
+    for j in (x for x in only.split(",") if x):
+        jobs += list(GROUPS.get(j, (j,)))
+    return jobs
 
 
 def _child(job: str) -> int:
@@ -95,15 +215,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds for all jobs together")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 16, help="ninja jobs in total")
-    ap.add_argument("--only", default=",".join(JOBS), help=f"comma list from {list(JOBS)}")
+    ap.add_argument("--only", default=",".join(j for j in JOBS if not j.startswith("sgl_")),
+                    help=f"comma list from {list(JOBS)} or {list(GROUPS)}")
+    ap.add_argument("--nice", type=int, default=0, help="niceness of the build processes (0: as started)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         return _child(a.child)
-    jobs = [j for j in a.only.split(",") if j]
+    jobs = expand(a.only)
     bad = [j for j in jobs if j not in JOBS]
     if bad:
-        raise SystemExit(f"--only: unknown jobs {bad}; expected from {list(JOBS)}")
+        raise SystemExit(f"--only: unknown jobs {bad}; expected from {list(JOBS)} or {list(GROUPS)}")
+    if a.nice:
+        os.nice(a.nice)  # the children (and their ninja / nvcc) inherit it
     mj = max_jobs(jobs, a.jobs)
     t0 = time.time()
     procs = {j: subprocess.Popen([sys.executable, "-m", "benchmarks.flashinfer_prebuild", "--out", a.out, "--child", j],

@@ -2,6 +2,7 @@
 and, where the PyPI wheel is cached (~/.cache/tik-fi; CI does not download 100 MB per run), that the
 trimmed wheel installs into a temp dir, carries every JIT source and header closure, and imports."""
 
+import json
 import os
 import subprocess
 import sys
@@ -107,11 +108,11 @@ def test_trimmed_wheel_imports_the_benchmarked_modules(trimmed):
     # only files that exist, and their ninja files write (no compiler needed for either)
     code = ("import torch, flashinfer, flashinfer.norm, flashinfer.rope, flashinfer.activation, flashinfer.page, "
             "flashinfer.decode, flashinfer.prefill\n"
-            "from flashinfer.jit import norm, rope, activation, sampling, page\n"
+            "from flashinfer.jit import norm, rope, activation, sampling, page, cascade\n"
             "from flashinfer.jit.attention import modules as M\n"
             "bf = torch.bfloat16\n"
             "specs = [norm.gen_norm_module(), rope.gen_rope_module(), activation.gen_act_and_mul_module('silu'),"
-            " sampling.gen_sampling_module(), page.gen_page_module(),"
+            " sampling.gen_sampling_module(), page.gen_page_module(), cascade.gen_cascade_module(),"
             " M.gen_batch_decode_module(bf, bf, bf, torch.int32, 128, 128, 0, False, False)]\n"
             "specs += [M.gen_batch_prefill_module(b, bf, bf, bf, torch.int32, 128, 128, 0, False, False, False)"
             " for b in ('fa2', 'fa3')]\n"
@@ -124,3 +125,71 @@ def test_trimmed_wheel_imports_the_benchmarked_modules(trimmed):
                             "FLASHINFER_CUDA_ARCH_LIST": "9.0a", "FLASHINFER_WORKSPACE_BASE": str(site.parent / "ws")})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == fw.VERSION
+
+
+def test_sglang_prebuild_job_names_the_modules_sglangs_flashinfer_backend_plans(trimmed):
+    """The URIs of benchmarks.flashinfer_prebuild's sgl_* jobs are the ones FlashInfer's own wrapper code
+    asks its JIT cache for when planned as SGLang's flashinfer backend plans them for the proof's qwen3-4b
+    shape: each wrapper's plan runs on the CPU up to its module fetch, which records the URI and stops
+    (no kernel is built or run); sm90 is answered as the H200 answers it, so the ragged "auto" picks FA3."""
+    _, site = trimmed
+    needs = ("tvm_ffi", "pynvml", "einops", "tabulate")
+    missing = [n for n in needs if subprocess.run([sys.executable, "-c", f"import {n}"], capture_output=True).returncode]
+    if missing:
+        pytest.skip(f"FlashInfer's import-time requirements absent here: {missing}")
+    code = (
+        "import json, torch, flashinfer.prefill as P, flashinfer.decode as D, flashinfer.utils as U\n"
+        "from flashinfer.jit.attention.modules import get_batch_prefill_uri, get_batch_decode_uri\n"
+        "from benchmarks import flashinfer_prebuild as FP\n"
+        "asked = []\n"
+        "class Fetched(Exception):\n    pass\n"
+        "def prefill(backend, *args):\n    asked.append(get_batch_prefill_uri(backend, *args)); raise Fetched\n"
+        "def decode(*args):\n    asked.append(get_batch_decode_uri(*args)); raise Fetched\n"
+        "P.get_batch_prefill_module = D.get_batch_prefill_module = prefill\n"
+        "D.get_batch_decode_module = decode\n"
+        "U.is_sm90a_supported = lambda device: True\n"
+        "_empty = torch.empty\n"  # the wrappers pin host buffers, which needs CUDA
+        "torch.empty = lambda *a, pin_memory=False, **k: _empty(*a, **k)\n"
+        "tc = FP.sglang_tensor_cores(32, 8, torch.bfloat16)\n"
+        "for part in ('ragged', 'paged', 'decode'):\n"
+        "    try:\n        FP.plan_like_sglang(part, 'cpu', tc)\n    except Fetched:\n        pass\n"
+        "specs = FP.sglang_specs(tc, sm90=True)\n"
+        "print(json.dumps({'tc': tc, 'asked': asked, 'job': {k: [s.name for s in v] for k, v in specs.items()}}))\n")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), repo, os.path.join(repo, "devenv", "cpu_stubs")]),
+                            "FLASHINFER_CUDA_ARCH_LIST": "9.0a", "FLASHINFER_WORKSPACE_BASE": str(site.parent / "ws-sgl")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["tc"] is True  # GQA 4 on bf16: SGLang decodes with tensor cores (the FA2 prefill module)
+    job = got["job"]
+    assert got["asked"] == [job["sgl_ragged"][0], job["sgl_paged"][0], job["sgl_decode"][0]]
+    assert job["sgl_ragged"][0].endswith("_sm90") and not job["sgl_paged"][0].endswith("_sm90")
+    assert {n for k in ("sgl_cascade", "sgl_norm", "sgl_activation", "sgl_sampling") for n in job[k]} == \
+        {"cascade", "norm", "silu_and_mul", "sampling"}
+
+
+def test_sglang_backend_source_constructs_the_wrappers_plan_like_sglang_builds():
+    """plan_like_sglang copies SGLang 0.5.23's wrapper construction; a SGLang whose backend builds them
+    otherwise must fail here rather than leave the proof's baseline compiling at engine start."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None:
+        pytest.skip("SGLang not installed")
+    src = open(os.path.join(os.path.dirname(spec.origin), "srt", "layers", "attention", "flashinfer_backend.py")).read()
+    flat = " ".join(src.split())
+    for needle in ('self.prefill_backend = "fa2"', 'self.decode_backend = "fa2"', 'fmha_backend = "auto"',
+                   'BatchPrefillWithRaggedKVCacheWrapper( self.workspace_buffer, "NHD", backend=fmha_backend )',
+                   'BatchPrefillWithPagedKVCacheWrapper( self.workspace_buffer, "NHD", backend=self.prefill_backend, )',
+                   'backend=self.decode_backend, use_tensor_cores=self.decode_use_tensor_cores,',
+                   "from flashinfer.cascade import merge_state"):
+        assert needle in flat, needle
+    # the shim's FlashInfer ops (benchmarks/sglang_gpu_proof's baseline) are the job's, RoPE aside: SGLang's
+    # rotary embedding calls its own JIT kernel (sglang.kernels.ops.attention.rope), not sgl_kernel's
+    from benchmarks.sglang_gpu_proof import _shim_map
+
+    assert {m for m, _ in _shim_map().values()} == {"flashinfer.norm", "flashinfer.activation", "flashinfer.rope",
+                                                    "flashinfer.sampling"}
+    rope = open(os.path.join(os.path.dirname(spec.origin), "srt", "layers", "rotary_embedding", "base.py")).read()
+    assert "from sglang.kernels.ops.attention.rope import apply_rope_with_cos_sin_cache_inplace" in rope
