@@ -17,6 +17,9 @@
 #   --sgl-batch N [32]   --sgl-new N [128]   --sgl-baselines LIST (sglang; '' for none) [flashinfer]
 #   --sgl-eager | --no-sgl-eager    no CUDA graphs [off]
 #   --sgl-tiny | --no-sgl-tiny      sglang: a tiny eager run first, a failure shows in ~1 min [on]
+#   --sgl-fi-prebuild | --no-sgl-fi-prebuild   sglang with the flashinfer baseline: the proof builds the
+#                            FlashInfer modules of SGLang's flashinfer backend in the background while the
+#                            tik engine runs (benchmarks.flashinfer_prebuild --only sglang) [on]
 #   --pyspy-rate HZ          sglang-profile: py-spy samples per second [100]
 #   ops-quick: --ops LIST [rope,attention]  --ops-limit S [240]
 #   recompute: --rc-batch N [64]  --rc-steps N [3]  --rc-limit S [280]
@@ -44,7 +47,7 @@ set -o pipefail
 export PYTHONUNBUFFERED=1
 dry=0; deadline_s=
 sgl_limit=; sgl_repeat=; sgl_shape=qwen3-4b; sgl_batch=32; sgl_new=128; sgl_baselines=flashinfer; sgl_eager=0
-sgl_tiny=1; sgl_moe_layers=; pyspy_rate=100
+sgl_tiny=1; sgl_moe_layers=; pyspy_rate=100; sgl_fi_prebuild=1
 ops=rope,attention; ops_limit=240
 rc_batch=64; rc_steps=3; rc_limit=280
 verify_models="qwen2.5-1.5b;qwen3-4b;qwen3-30b-a3b --layers 4"; verify_limits="150 150 90"; verify_batch=64
@@ -71,6 +74,8 @@ while [ $# -gt 0 ]; do
     --no-sgl-eager) sgl_eager=0; shift;;
     --sgl-tiny) sgl_tiny=1; shift;;
     --no-sgl-tiny) sgl_tiny=0; shift;;
+    --sgl-fi-prebuild) sgl_fi_prebuild=1; shift;;
+    --no-sgl-fi-prebuild) sgl_fi_prebuild=0; shift;;
     --pyspy-rate) need "$@"; pyspy_rate=$2; shift 2;;
     --ops) need "$@"; ops=$2; shift 2;;
     --ops-limit) need "$@"; ops_limit=$2; shift 2;;
@@ -159,12 +164,14 @@ for step in "$@"; do
       fi
       if [ $r -eq 0 ] || [ $r -eq 3 ]; then
         eager=; [ "$sgl_eager" = 1 ] && eager="--engine-arg disable_cuda_graph=true"
+        fipre=; [ "$sgl_fi_prebuild" = 0 ] && fipre=--no-fi-prebuild
         lim=${sgl_limit:-390}
         # shellcheck disable=SC2086  # $eager: two words on purpose
         x timeout "$lim" python3 -m benchmarks.sglang_gpu_proof --out "$W" --stub-sgl-kernel \
           --shape "$sgl_shape" --batch "$sgl_batch" --new "$sgl_new" --baselines "$sgl_baselines" \
-          --repeat "${sgl_repeat:-6}" --timeout $(( lim - 20 )) $eager "${moe[@]}" >"$W/sglang.log" 2>&1 || rc=1
-        grep -E "Error|error:|Traceback" "$W/sglang.log" | head -8; tail -6 "$W/sglang.log"
+          --repeat "${sgl_repeat:-6}" --timeout $(( lim - 20 )) $eager $fipre "${moe[@]}" >"$W/sglang.log" 2>&1 || rc=1
+        grep -E "Error|error:|Traceback" "$W/sglang.log" | head -8; grep "flashinfer prebuild" "$W/sglang.log"
+        tail -6 "$W/sglang.log"
       else
         rc=1; grep -E "Error|error:|Traceback|stub" "$W/sglang-tiny.log" | tail -12
       fi;;

@@ -9,7 +9,13 @@
 2. SGLang Engine ``attention_backend="tik"`` (CUDA graphs on): after a warm-up batch on other prompts
    (JIT compilation; neither timed nor compared), ``--batch`` requests sharing a prefix, greedy then
    sampled (per-request temperatures, radix-cache hits), chunked prefill, ``--new`` tokens each; timed;
-3. the same jobs on stock SGLang with ``--attention-backend flashinfer`` (``--baselines``): with
+3. the same jobs on stock SGLang with ``--attention-backend flashinfer`` (``--baselines``; the FlashInfer
+   modules its engine JIT-compiles at start -- ragged prefill FA3 on sm90, paged prefill and tensor-core
+   decode FA2, merge_state, the shim's norm / SiLU-and-mul / sampling -- are built by
+   ``benchmarks.flashinfer_prebuild --only sglang`` in a background process (niced) while the tik engine
+   runs, into the same FlashInfer JIT cache, so that the baseline's start finds them compiled;
+   ``--no-fi-prebuild`` leaves them to the engine; the JSON's ``flashinfer_prebuild`` says what was built
+   and how long the baseline waited for it): with
    ``--stub-sgl-kernel`` (sgl-kernel's wheel cannot be carried) its fused ops -- RMSNorm, fused
    add+RMSNorm, SiLU-and-mul, top-k/top-p renorm -- are served by FlashInfer through the sgl_kernel
    shim's FlashInfer mode (``--sgl-kernel-shim flashinfer``, the default; ``raise`` instead forces
@@ -25,10 +31,13 @@ our op counters, SGLang's fused-op trace) and prints a summary; exit 1 on any bi
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,10 +65,65 @@ def _shim_map() -> dict:
     return ast.literal_eval(node.value)
 
 
+def _baseline_env(a) -> dict:
+    """Environment of a stock-SGLang baseline engine (beside the --stub-sgl-kernel paths)."""
+    env = {"SGLANG_PLUGINS": "none", "TIK_SGLANG_STATS": ""}
+    if a.stub_sgl_kernel and a.sgl_kernel_shim == "flashinfer":
+        # an environment variable, not a flag: the stub is imported inside SGLang's spawned scheduler
+        # processes, whose command lines SGLang builds
+        env["TIK_SGL_KERNEL_SHIM"] = "flashinfer"
+    elif a.stub_sgl_kernel:
+        env["SGLANG_FORCE_FUSED_OP_BACKEND"] = "torch"
+    return env
+
+
 def _prompts(batch, prefix_len, vocab_hi, seed=0):
     rng = random.Random(seed)
     prefix = [rng.randrange(4, vocab_hi) for _ in range(prefix_len)]
     return [prefix + [rng.randrange(4, vocab_hi) for _ in range(1 + i % 17)] for i in range(batch)]
+
+
+def start_fi_prebuild(out_dir: str, env: dict, timeout: float, jobs: int):
+    """The FlashInfer modules of SGLang's flashinfer backend, built in a background process group at
+    niceness 10 (the tik engine runs meanwhile); ``env``: the baseline engine's environment, so that the
+    build lands in the JIT cache that engine reads. Returns (process, json path, log path, start time)."""
+    path = os.path.join(out_dir, "fi_prebuild.json")
+    log = os.path.join(out_dir, "fi_prebuild.log")
+    cmd = [sys.executable, "-m", "benchmarks.flashinfer_prebuild", "--out", path, "--only", "sglang",
+           "--timeout", str(int(timeout)), "--jobs", str(jobs), "--nice", "10"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    atexit.register(_kill_group, proc)  # a proof that fails early leaves no nvcc behind
+    return proc, path, log, time.time()
+
+
+def _kill_group(proc) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def wait_fi_prebuild(pre, timeout: float) -> dict:
+    """Wait up to ``timeout`` s for :func:`start_fi_prebuild`'s process (its whole group is killed past
+    that: the baseline engine then compiles what is missing itself); what it reported, plus the wait."""
+    proc, path, log, t0 = pre
+    t = time.time()
+    still_running = proc.poll() is None
+    try:
+        proc.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+    res = {"running_when_baseline_due": still_running, "waited_s": round(time.time() - t, 1),
+           "seconds_since_start": round(time.time() - t0, 1), "rc": proc.returncode}
+    try:
+        with open(path) as f:
+            res.update(json.load(f))
+    except (OSError, ValueError):
+        res["error"] = "no result: " + open(log).read()[-1500:]
+    return res
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "and their median decode tokens/s (>= 5 of them by default) is reported next to the first job's")
     ap.add_argument("--moe-layers", type=int, default=MOE_LAYERS,
                     help="with --shape qwen3-30b-a3b: how many of its layers the checkpoint has")
+    ap.add_argument("--fi-prebuild", action=argparse.BooleanOptionalAction, default=True,
+                    help="with the flashinfer baseline on CUDA: build its FlashInfer modules in the background "
+                         "while the tik engine runs (benchmarks.flashinfer_prebuild --only sglang)")
+    ap.add_argument("--fi-prebuild-jobs", type=int, default=os.cpu_count() or 16,
+                    help="ninja jobs of that build in total")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="extra sglang.Engine argument for every engine, e.g. disable_prefill_cuda_graph=true")
     return ap
@@ -103,6 +172,20 @@ def main(argv=None) -> int:
     from areal_tik_plugin.models import SGLANG_TINY, build_model
 
     os.makedirs(a.out, exist_ok=True)
+    extra = {}
+    if a.stub_sgl_kernel:
+        extra = {"PYTHONPATH": os.pathsep.join(x for x in (SC.gpu_stub_path(), os.getcwd(),
+                                                           os.environ.get("PYTHONPATH", "")) if x),
+                 "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
+                 # the trimmed wheel's prebuilt Rust radix TreeCore fails on the GPU image's torch 2.11
+                 # ("Unsupported TypeMeta in ATen"): SGLang's pure-Python TreeCore, same radix semantics
+                 "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")}
+    baselines = [x for x in a.baselines.split(",") if x]
+    fi_pre = None
+    if a.fi_prebuild and a.device == "cuda" and "flashinfer" in baselines:
+        # the baseline engine's environment (below); started first: it runs beside the model build and tik
+        fi_pre = start_fi_prebuild(a.out, {**os.environ, **extra, **_baseline_env(a)},
+                                   a.timeout - a.reserve - 30, a.fi_prebuild_jobs)
     kind, shape = SHAPES[a.shape]
     if a.shape == "qwen3-30b-a3b":
         kind, shape = checkpoint_kwargs("qwen3-30b-a3b", layers=a.moe_layers)
@@ -140,17 +223,13 @@ def main(argv=None) -> int:
                 "jobs": tik_jobs, "env": {"TIK_SGLANG_STATS": stats_dir}}]
     names = ["tik"]
     baseline_stack = {}
-    for b in [x for x in a.baselines.split(",") if x]:
-        env = {"SGLANG_PLUGINS": "none", "TIK_SGLANG_STATS": ""}
+    for b in baselines:
+        env = _baseline_env(a)
         fused = "sgl-kernel (installed)"
         if a.stub_sgl_kernel and a.sgl_kernel_shim == "flashinfer":
-            # an environment variable, not a flag: the stub is imported inside SGLang's spawned scheduler
-            # processes, whose command lines SGLang builds
-            env["TIK_SGL_KERNEL_SHIM"] = "flashinfer"
             fused = ("FlashInfer through devenv/gpu_stubs/sgl_kernel (TIK_SGL_KERNEL_SHIM=flashinfer): "
                      + ", ".join(f"sgl_kernel.{k} -> {m}.{f}" for k, (m, f) in _shim_map().items()))
         elif a.stub_sgl_kernel:
-            env["SGLANG_FORCE_FUSED_OP_BACKEND"] = "torch"
             fused = "SGLang's torch-native fused ops (SGLANG_FORCE_FUSED_OP_BACKEND=torch)"
         baseline_stack[b] = {"attention_backend": b, "fused_ops": fused,
                              "rope": "SGLang's own JIT kernel (sglang.kernels.ops.attention.rope)",
@@ -160,14 +239,6 @@ def main(argv=None) -> int:
             kw["disable_cuda_graph"] = True
         engines.append({"engine_kwargs": kw, "jobs": bench_jobs, "env": env})
         names.append(b)
-    extra = {}
-    if a.stub_sgl_kernel:
-        extra = {"PYTHONPATH": os.pathsep.join(x for x in (SC.gpu_stub_path(), os.getcwd(),
-                                                           os.environ.get("PYTHONPATH", "")) if x),
-                 "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
-                 # the trimmed wheel's prebuilt Rust radix TreeCore fails on the GPU image's torch 2.11
-                 # ("Unsupported TypeMeta in ATen"): SGLang's pure-Python TreeCore, same radix semantics
-                 "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")}
     from areal_tik_plugin import evidence
     from areal_tik_plugin.runtime import loader
 
@@ -184,6 +255,13 @@ def main(argv=None) -> int:
     deadline = time.time() + a.timeout
     for name, eng_spec in zip(names, engines):  # one worker per engine: a failing baseline keeps tik's result
         left = deadline - time.time() - (a.reserve if name != "tik" else 0.0)
+        if name == "flashinfer" and fi_pre is not None:
+            # the engine would block on the same modules (FlashInfer's build locks) or compile them anew
+            report["flashinfer_prebuild"] = pre = wait_fi_prebuild(fi_pre, left - 60)
+            fi_pre = None
+            print(f"flashinfer prebuild: {pre.get('seconds', '?')} s, baseline waited {pre['waited_s']} s; "
+                  f"failed: {','.join(pre.get('failed', [])) or pre.get('error', 'none')[:200]}", flush=True)
+            left = deadline - time.time() - a.reserve
         if name != "tik" and left < 30:
             report["backends"][name] = {"error": f"not run: {left:.0f} s left of --timeout {a.timeout:.0f}"}
             print(f"{name}: not run (no time left)", flush=True)

@@ -36,11 +36,25 @@ def test_prebuild_failed_keys():
 
     res = {"jobs": {"rowops": {"ok": True}, "prefill_fa3": {"ok": False, "error": "timed out"}, "decode": {}}}
     assert failed_keys(res) == ["decode", "prefill_fa3"]
-    assert set(JOBS) == {"rowops", "decode", "prefill_fa2", "prefill_fa3"}
-    from benchmarks.flashinfer_prebuild import max_jobs
+    from benchmarks.flashinfer_prebuild import GROUPS, expand, max_jobs
 
-    assert max_jobs(list(JOBS), 18) == {"rowops": 2, "decode": 2, "prefill_fa2": 6, "prefill_fa3": 8}
+    assert set(JOBS) - set(GROUPS["sglang"]) == {"rowops", "decode", "prefill_fa2", "prefill_fa3"}
+    assert max_jobs(["rowops", "decode", "prefill_fa2", "prefill_fa3"], 18) == {
+        "rowops": 2, "decode": 2, "prefill_fa2": 6, "prefill_fa3": 8}
     assert max_jobs(["rowops"], 4) == {"rowops": 4}
+    assert expand("rowops,sglang") == ["rowops", "sgl_fa3", "sgl_fa2", "sgl_ops"]
+
+
+def test_proof_starts_the_sglang_prebuild_and_collects_its_result(tmp_path):
+    """benchmarks.sglang_gpu_proof's background build of the SGLang flashinfer modules: started as its own
+    process group, waited for, its JSON folded in (on a machine without a GPU every sgl_* job fails and says why)."""
+    from benchmarks import sglang_gpu_proof as P
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    res = P.wait_fi_prebuild(P.start_fi_prebuild(str(tmp_path), env, 120, 2), 180)
+    assert res["rc"] == 0 and res["failed"] == ["sgl_fa2", "sgl_fa3", "sgl_ops"], res
+    assert set(res["jobs"]["sgl_ops"]["modules"]) == {"sgl_cascade", "sgl_norm", "sgl_activation", "sgl_sampling"}
+    assert res["waited_s"] >= 0 and "running_when_baseline_due" in res
 
 
 def test_flashinfer_job_listed_as_failed_is_unavailable(monkeypatch):

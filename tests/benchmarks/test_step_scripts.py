@@ -129,6 +129,10 @@ def test_integrations_options_reach_the_command_lines(tmp_path):
     assert got == [["timeout", "400", "python3", "-m", "benchmarks.sglang_gpu_proof", "--out", W, "--stub-sgl-kernel",
                     "--shape", "qwen3-30b-a3b", "--batch", "32", "--new", "128", "--baselines", "", "--repeat", "5",
                     "--timeout", "380", "--engine-arg", "disable_cuda_graph=true", "--moe-layers", "2"]]
+    _, got = dry("gpu_integrations.sh", "--no-sgl-tiny", "--no-sgl-fi-prebuild", "sglang", out=tmp_path)
+    assert got == [["timeout", "390", "python3", "-m", "benchmarks.sglang_gpu_proof", "--out", W, "--stub-sgl-kernel",
+                    "--shape", "qwen3-4b", "--batch", "32", "--new", "128", "--baselines", "flashinfer", "--repeat", "6",
+                    "--timeout", "370", "--no-fi-prebuild"]]
     _, got = dry("gpu_integrations.sh", "--verify-models", "qwen3-4b", "--verify-limits", "60", "--verify-flags", "",
                  "--verify-batch", "8", "verify-full", out=tmp_path)
     assert got == [["timeout", "60", "python3", "-m", "areal_tik_plugin.verify", "--model", "qwen3-4b", "--prompt-len",
@@ -226,5 +230,6 @@ def test_layer_bench_and_proof_flags_parse():
     p = sglang_gpu_proof.build_parser()
     assert p.parse_args(["--out", "x"]).moe_layers == 4
     assert p.parse_args(["--out", "x", "--moe-layers", "2"]).moe_layers == 2
+    assert p.parse_args(["--out", "x"]).fi_prebuild and not p.parse_args(["--out", "x", "--no-fi-prebuild"]).fi_prebuild
     with pytest.raises(SystemExit):
         p.parse_args(["--out", "x", "--moe-layers", "two"])
