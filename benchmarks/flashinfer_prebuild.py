@@ -89,9 +89,10 @@ def plan_like_sglang(part: str, device, tensor_cores: bool, dtype=None, num_qo_h
     return w
 
 
-def sglang_specs(tensor_cores: bool, sm90: bool = True, dtype=None, head_dim=128) -> dict:
+def sglang_specs(tensor_cores: bool, sm90: bool = True, dtype=None, head_dim=128, keys=None) -> dict:
     """module key of the sgl_* jobs -> the FlashInfer JitSpecs it builds (their ``name`` is the module URI
-    in the JIT cache). ``sm90``: the ragged prefill's backend "auto" resolves to FA3 (Hopper)."""
+    in the JIT cache). ``sm90``: the ragged prefill's backend "auto" resolves to FA3 (Hopper). ``keys``:
+    only these (generating a spec writes its sources: a job names only its own while others build)."""
     import torch
     from flashinfer.jit import activation, cascade, norm, sampling
     from flashinfer.jit.attention import modules as M
@@ -100,23 +101,18 @@ def sglang_specs(tensor_cores: bool, sm90: bool = True, dtype=None, head_dim=128
     # (q, kv, o dtypes, index dtype, head_dim qk / vo, pos-encoding NONE, sliding window, soft cap,
     # fp16 qk reduction): what the wrappers' plan passes for SGLang's arguments
     args = (dt, dt, dt, torch.int32, head_dim, head_dim, 0, False, False, False)
-    fa2 = M.gen_batch_prefill_module("fa2", *args)
-    return {
-        "sgl_ragged": [M.gen_batch_prefill_module("fa3", *args) if sm90 else fa2],
-        "sgl_paged": [fa2],
+    fa2 = lambda: M.gen_batch_prefill_module("fa2", *args)  # noqa: E731
+    make = {
+        "sgl_ragged": lambda: M.gen_batch_prefill_module("fa3", *args) if sm90 else fa2(),
+        "sgl_paged": fa2,
         # tensor-core decode runs the FA2 prefill kernels
-        "sgl_decode": [fa2 if tensor_cores else M.gen_batch_decode_module(*args[:9])],
-        "sgl_cascade": [cascade.gen_cascade_module()],  # merge_state: ragged + paged halves of a cached prefix
-        "sgl_norm": [norm.gen_norm_module()],  # shim: rmsnorm, fused_add_rmsnorm
-        "sgl_activation": [activation.gen_act_and_mul_module("silu")],  # shim: silu_and_mul
-        "sgl_sampling": [sampling.gen_sampling_module()],  # shim: top-k / top-p renorm; SGLang's sampler
+        "sgl_decode": lambda: fa2() if tensor_cores else M.gen_batch_decode_module(*args[:9]),
+        "sgl_cascade": cascade.gen_cascade_module,  # merge_state: ragged + paged halves of a cached prefix
+        "sgl_norm": norm.gen_norm_module,  # shim: rmsnorm, fused_add_rmsnorm
+        "sgl_activation": lambda: activation.gen_act_and_mul_module("silu"),  # shim: silu_and_mul
+        "sgl_sampling": sampling.gen_sampling_module,  # shim: top-k / top-p renorm; SGLang's sampler
     }
-
-
-def max_jobs(jobs: list[str], total: int) -> dict:
-    """ninja jobs per job key, proportional to WEIGHTS, at least 1 each."""
-    w = sum(WEIGHTS[j] for j in jobs) or 1
-    return {j: max(1, round(total * WEIGHTS[j] / w)) for j in jobs}
+    return {k: [f()] for k, f in make.items() if keys is None or k in keys}
 
 
 def _build(module: str) -> None:
@@ -149,14 +145,14 @@ def _build(module: str) -> None:
         plan_like_sglang(module.split("_")[1], dev, tc, bf, **SGL_SHAPE)
         from flashinfer.utils import is_sm90a_supported
 
-        _check_compiled(sglang_specs(tc, sm90=is_sm90a_supported(torch.device(dev)), head_dim=D)[module])
+        _check_compiled(sglang_specs(tc, is_sm90a_supported(torch.device(dev)), bf, D, keys=(module,))[module])
     elif module == "sgl_cascade":
         import flashinfer.cascade
 
         v = torch.randn(4, 32, 128, device=dev, dtype=bf)
         s_ = torch.randn(4, 32, device=dev, dtype=torch.float32)
         flashinfer.cascade.merge_state(v, s_, v.clone(), s_.clone())
-        _check_compiled(sglang_specs(True)[module])
+        _check_compiled(sglang_specs(True, keys=(module,))[module])
     elif module in ("sgl_norm", "sgl_activation", "sgl_sampling"):
         if module == "sgl_sampling":
             import flashinfer.sampling
@@ -167,7 +163,7 @@ def _build(module: str) -> None:
             flashinfer.sampling.top_k_top_p_sampling_from_probs(probs, 20, 0.9)
         else:
             _build(module.split("_", 1)[1])
-        _check_compiled(sglang_specs(True)[module])
+        _check_compiled(sglang_specs(True, keys=(module,))[module])
     elif module.startswith("prefill_"):
         lens = [100, 37]
         q = torch.randn(sum(lens), 32, 128, device=dev, dtype=bf)

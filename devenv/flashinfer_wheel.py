@@ -13,8 +13,8 @@ GPU machine (nvcc + ninja there) from the wheel's ``data/`` sources. The trimmed
 * of ``data/``, only the JIT sources of the modules the benchmarks build for sm_90 (:data:`JIT_SOURCES`:
   RMSNorm / fused add+RMSNorm, RoPE, SiLU-and-mul, paged-KV append, sampling / renorm (the sgl_kernel
   shim's top-k / top-p), merge_state (cascade: SGLang's flashinfer backend merges the ragged and paged
-  halves of a prefill with a cached prefix), batch/single decode, batch/single prefill FA2 and FA3 (sm90)) and the transitive closure of the headers they include, resolved against
-  the include directories FlashInfer's JIT passes to nvcc (its own ``include``, ``csrc``, the vendored
+  halves of a prefill with a cached prefix), batch/single decode, batch/single prefill FA2 and FA3
+  (sm90)) and the transitive closure of the headers they include, resolved against the include directories FlashInfer's JIT passes to nvcc (its own ``include``, ``csrc``, the vendored
   CUTLASS, spdlog and CCCL). The scan follows every ``#include`` regardless of ``#if`` guards, so it keeps
   a superset of what one configuration compiles; includes named by a macro (CUTLASS's
   ``#include CUDA_STD_HEADER(utility)``, Thrust's system headers) are expanded by :data:`MACRO_INCLUDES`,

@@ -156,9 +156,10 @@ def test_sglang_prebuild_job_names_the_modules_sglangs_flashinfer_backend_plans(
         "specs = FP.sglang_specs(tc, sm90=True)\n"
         "print(json.dumps({'tc': tc, 'asked': asked, 'job': {k: [s.name for s in v] for k, v in specs.items()}}))\n")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.pathsep.join([str(site), repo, os.path.join(repo, "devenv", "cpu_stubs")])  # SGLang imports torchvision
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), repo, os.path.join(repo, "devenv", "cpu_stubs")]),
-                            "FLASHINFER_CUDA_ARCH_LIST": "9.0a", "FLASHINFER_WORKSPACE_BASE": str(site.parent / "ws-sgl")})
+                       env={**os.environ, "PYTHONPATH": path, "FLASHINFER_CUDA_ARCH_LIST": "9.0a",
+                            "FLASHINFER_WORKSPACE_BASE": str(site.parent / "ws-sgl")})
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["tc"] is True  # GQA 4 on bf16: SGLang decodes with tensor cores (the FA2 prefill module)
