@@ -21,6 +21,8 @@ command -v "$PY" >/dev/null || PY=python3
 start=$(date +%s)
 if [ -x "$V/bin/python" ] && "$V/bin/python" -c "import importlib.metadata as m, sys; \
 sys.exit(not (m.version('sglang') == '0.5.10.post1' and m.version('transformers') == '5.3.0' and m.version('triton') == '3.5.1'))" 2>/dev/null; then
+  # the checkout's layout may have changed since the venv was made: its editable install is redone
+  "$V/bin/python" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || "$V/bin/python" -m pip install -q --no-deps -e .
   echo "sglang 0.5.10.post1 venv already at $V"; exit 0
 fi
 [ -x "$V/bin/python" ] || "$PY" -m venv "$V"
