@@ -115,6 +115,12 @@ def sglang_specs(tensor_cores: bool, sm90: bool = True, dtype=None, head_dim=128
     return {k: [f()] for k, f in make.items() if keys is None or k in keys}
 
 
+def max_jobs(jobs: list[str], total: int) -> dict:
+    """ninja jobs per job key, proportional to WEIGHTS, at least 1 each."""
+    w = sum(WEIGHTS[j] for j in jobs) or 1
+    return {j: max(1, round(total * WEIGHTS[j] / w)) for j in jobs}
+
+
 def _build(module: str) -> None:
     import torch
 
