@@ -49,6 +49,15 @@ WEIGHTS = {"rowops": 1, "decode": 1, "prefill_fa2": 3, "prefill_fa3": 4, "sgl_fa
 SGL_SHAPE = {"num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128}
 
 
+def sglang_process_setup() -> None:
+    """Import SGLang before FlashInfer, as SGLang's engine processes do: ``import sglang`` points
+    FlashInfer's JIT workspace at SGLang's cache (FLASHINFER_WORKSPACE_BASE, unless set), and FlashInfer
+    fixes its workspace when imported -- a build made before that would land where the engine never looks."""
+    if "flashinfer" in sys.modules:
+        raise RuntimeError("sglang_process_setup: FlashInfer is imported already; its JIT workspace is fixed")
+    import sglang  # noqa: F401
+
+
 def sglang_tensor_cores(num_qo_heads: int, num_kv_heads: int, kv_dtype) -> bool:
     """Whether SGLang's flashinfer backend decodes with tensor cores (its own should_use_tensor_core)."""
     from sglang.srt.layers.attention.flashinfer_backend import should_use_tensor_core
@@ -195,6 +204,8 @@ def expand(only: str) -> list[str]:
 
 
 def _child(job: str) -> int:
+    if job.startswith("sgl_"):
+        sglang_process_setup()
     out = {}
     for m in JOBS[job]:
         t0 = time.time()

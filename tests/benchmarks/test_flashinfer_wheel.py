@@ -128,7 +128,8 @@ def test_trimmed_wheel_imports_the_benchmarked_modules(trimmed):
 
 
 def test_sglang_prebuild_job_names_the_modules_sglangs_flashinfer_backend_plans(trimmed):
-    """The URIs of benchmarks.flashinfer_prebuild's sgl_* jobs are the ones FlashInfer's own wrapper code
+    """The URIs of benchmarks.flashinfer_prebuild's sgl_* jobs, in the JIT cache SGLang's engine uses, are
+    the ones FlashInfer's own wrapper code
     asks its JIT cache for when planned as SGLang's flashinfer backend plans them for the proof's qwen3-4b
     shape: each wrapper's plan runs on the CPU up to its module fetch, which records the URI and stops
     (no kernel is built or run); sm90 is answered as the H200 answers it, so the ragged "auto" picks FA3."""
@@ -138,9 +139,12 @@ def test_sglang_prebuild_job_names_the_modules_sglangs_flashinfer_backend_plans(
     if missing:
         pytest.skip(f"FlashInfer's import-time requirements absent here: {missing}")
     code = (
-        "import json, torch, flashinfer.prefill as P, flashinfer.decode as D, flashinfer.utils as U\n"
-        "from flashinfer.jit.attention.modules import get_batch_prefill_uri, get_batch_decode_uri\n"
+        "import os\n"
         "from benchmarks import flashinfer_prebuild as FP\n"
+        "FP.sglang_process_setup()\n"
+        "import json, torch, flashinfer.prefill as P, flashinfer.decode as D, flashinfer.utils as U\n"
+        "from flashinfer.jit import env as E\n"
+        "from flashinfer.jit.attention.modules import get_batch_prefill_uri, get_batch_decode_uri\n"
         "asked = []\n"
         "class Fetched(Exception):\n    pass\n"
         "def prefill(backend, *args):\n    asked.append(get_batch_prefill_uri(backend, *args)); raise Fetched\n"
@@ -154,14 +158,18 @@ def test_sglang_prebuild_job_names_the_modules_sglangs_flashinfer_backend_plans(
         "for part in ('ragged', 'paged', 'decode'):\n"
         "    try:\n        FP.plan_like_sglang(part, 'cpu', tc)\n    except Fetched:\n        pass\n"
         "specs = FP.sglang_specs(tc, sm90=True)\n"
-        "print(json.dumps({'tc': tc, 'asked': asked, 'job': {k: [s.name for s in v] for k, v in specs.items()}}))\n")
+        "print(json.dumps({'tc': tc, 'asked': asked, 'job': {k: [s.name for s in v] for k, v in specs.items()},"
+        " 'jit_dir': str(E.FLASHINFER_JIT_DIR)}))\n")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join([str(site), repo, os.path.join(repo, "devenv", "cpu_stubs")])  # SGLang imports torchvision
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo,
-                       env={**os.environ, "PYTHONPATH": path, "FLASHINFER_CUDA_ARCH_LIST": "9.0a",
-                            "FLASHINFER_WORKSPACE_BASE": str(site.parent / "ws-sgl")})
+                       env={**{k: v for k, v in os.environ.items() if k != "FLASHINFER_WORKSPACE_BASE"},
+                            "PYTHONPATH": path, "FLASHINFER_CUDA_ARCH_LIST": "9.0a",
+                            "SGLANG_CACHE_DIR": str(site.parent / "sgl-cache")})
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
+    # the JIT cache SGLang's engine reads: FlashInfer's workspace redirected under SGLANG_CACHE_DIR
+    assert got["jit_dir"].startswith(str(site.parent / "sgl-cache" / ".cache" / "flashinfer")), got["jit_dir"]
     assert got["tc"] is True  # GQA 4 on bf16: SGLang decodes with tensor cores (the FA2 prefill module)
     job = got["job"]
     assert got["asked"] == [job["sgl_ragged"][0], job["sgl_paged"][0], job["sgl_decode"][0]]
