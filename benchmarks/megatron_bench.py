@@ -42,7 +42,9 @@ LOCAL_OPTIONS = {"masked_softmax_fusion": False, "bias_dropout_fusion": False, "
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.megatron_bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for megatron_bench.json")
+    ap.add_argument("--out", help="folder for megatron_bench.json")
+    ap.add_argument("--summary", metavar="DIR", help="only print the short table of DIR/megatron-verify.json "
+                    "(tik verify --engine megatron) and DIR/megatron_bench.json, whichever exist")
     ap.add_argument("--model", default="qwen3-4b", help="a built-in config of areal_tik_plugin.models")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--micro-batch", type=int, default=4)
@@ -195,10 +197,10 @@ def run(a) -> dict:
 
 def format_table(rep: dict) -> str:
     v = rep["variants"]
-    base = v.get("tik", {}).get("median_s")
+    base = v.get("tik", {}).get("median_s")  # '÷ tik': the variant's tokens/s over the plugin spec's
     lines = [f"megatron fwd+bwd: {rep['model']} x {rep['layers']} layers, micro-batch {rep['micro_batch']} x "
              f"{rep['seq_len']} tokens on {rep['device']} (median of {rep['steps']} after {rep['warmup']} warm-up)",
-             f"{'variant':<8} {'median s':>9} {'tokens/s':>10} {'vs tik':>7} {'peak GiB':>9} {'first s':>8}"]
+             f"{'variant':<8} {'median s':>9} {'tokens/s':>10} {'÷ tik':>7} {'peak GiB':>9} {'first s':>8}"]
     for name, r in v.items():
         if "median_s" not in r:
             lines.append(f"{name:<8} {r.get('error') or r.get('skipped')}")
@@ -209,8 +211,34 @@ def format_table(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def summary(d: str) -> str:
+    """The device step's last table: the verify checks and the bench variants found in ``d``."""
+    lines = []
+    p = os.path.join(d, "megatron-verify.json")
+    if os.path.exists(p):
+        r = json.load(open(p))
+        v = r.get("versions", {})
+        lines.append(f"tik verify --engine megatron: {r['model']} x {r['layers']} layers, batch {r['batch']}, "
+                     f"{sum(r['prompt_lens']) + sum(r['response_lens'])} tokens, megatron-core "
+                     f"{v.get('megatron-core')}, {r['seconds']} s: {'BIT-IDENTICAL' if r['bit_identical'] else 'DIFFERS'}")
+        for c in r["checks"]:
+            lines.append(f"  {c['check']:<28} {c['identical_rows']:>7}/{c['rows']:<7} max|dlogit| {c['max_abs_dlogit']:.3g}"
+                         + (f"  ERROR {c['error'][:200]}" if c.get("error") else ""))
+    else:
+        lines.append(f"tik verify --engine megatron: no {p}")
+    p = os.path.join(d, "megatron_bench.json")
+    lines.append(format_table(json.load(open(p))) if os.path.exists(p) else f"megatron bench: no {p}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    if a.summary:
+        print(summary(a.summary))
+        return 0
+    if not a.out:
+        print("megatron_bench: --out DIR is required (or --summary DIR)", file=sys.stderr)
+        return 2
     try:
         rep = run(a)
     except ValueError as e:
