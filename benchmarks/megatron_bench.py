@@ -28,6 +28,7 @@ rewritten after every variant, so a cut run keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -147,7 +148,8 @@ def time_variant(spec: str, a, dev) -> dict:
                n_params=sum(p.numel() for p in params))
     if dev.type == "cuda":
         rec["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
-    del model, fwd, params, grad
+    del model, fwd, params, grad, ids
+    gc.collect()  # megatron-core modules hold reference cycles: free this variant before the next is built
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return rec
@@ -187,6 +189,8 @@ def run(a) -> dict:
                 rep["variants"][spec] = time_variant(spec, a, dev)
             except Exception as e:  # noqa: BLE001 -- a variant that fails is recorded, the others still run
                 rep["variants"][spec] = {"spec": spec, "error": f"{type(e).__name__}: {e}"[:800]}
+            if "error" in rep["variants"][spec]:  # out of the except block: its traceback held the model
+                gc.collect()
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
         rep["seconds"] = round(time.time() - t0, 2)
