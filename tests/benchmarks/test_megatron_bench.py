@@ -48,6 +48,9 @@ def test_every_variant_runs_forward_backward_and_is_timed(tmp_path, cpu_local_sp
     assert rep["versions"]["megatron-core"] and rep["local_spec_options"]["masked_softmax_fusion"] is False
     out = capsys.readouterr().out
     assert "tik-thd" in out and "local" in out and "tokens/s" in out
+    table = B.summary(str(tmp_path))  # the device step's last table: no verify report here, the bench's rows
+    assert "no " in table.splitlines()[0] and "megatron-verify.json" in table.splitlines()[0]
+    assert all(name in table for name in B.SPECS)
 
 
 def test_flags_refused_and_deadline_skips(tmp_path, capsys):
