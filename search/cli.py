@@ -79,7 +79,23 @@ def cmd_run(args) -> int:
             print(f"tik search: {e}", file=sys.stderr)
             return 2
         kw["max_edit_retries"] = args.llm_retries
-    driver = get_driver(args.driver, **kw)
+    if args.driver == "plan":
+        if not args.plan:
+            print("tik search run --driver plan needs --plan FILE (see search/drivers/plan.py)", file=sys.stderr)
+            return 2
+        from areal_tik_plugin.search.drivers.plan import PlanError
+
+        try:
+            kw["plan"] = args.plan
+            driver = get_driver(args.driver, **kw)
+        except PlanError as e:
+            print(f"tik search: {e}", file=sys.stderr)
+            return 2
+    else:
+        if args.plan:
+            print("--plan goes with --driver plan", file=sys.stderr)
+            return 2
+        driver = get_driver(args.driver, **kw)
     opts = {"time_budget_s": args.time_budget_s, "max_steps": args.max_steps}
     if os.path.isfile(os.path.join(args.run_dir, "run.json")):
         run = _open(args.run_dir)
@@ -439,8 +455,9 @@ def register(sub) -> None:
         q.add_argument("--created-by", default="agent", help="name recorded in the records")
         q.add_argument("--no-progress", action="store_true")
 
-    r = s.add_parser("run", help="run a driver (knobs | llm) until a stopping rule holds; resumes a run dir")
-    r.add_argument("--driver", choices=["knobs", "llm"], required=True)
+    r = s.add_parser("run", help="run a driver (knobs | llm | plan) until a stopping rule holds; resumes a run dir")
+    r.add_argument("--driver", choices=["knobs", "llm", "plan"], required=True)
+    r.add_argument("--plan", default=None, help="--driver plan: the agent's plan file (YAML/JSON)")
     r.add_argument("--spec", help="spec YAML path or shipped name (h200_attention, cpu_toy, ...)")
     r.add_argument("--impl", help="root implementation: a name under kernels/ or a folder")
     r.add_argument("--run-dir", required=True)

@@ -125,6 +125,8 @@ def run_search(run, driver, evaluator, progress: Progress | None = None, *, max_
             continue
         # action
         reason = run.stop_reason()
+        if reason is None and hasattr(driver, "stop_reason"):
+            reason = driver.stop_reason(run)
         if reason is None and max_new_steps is not None and steps_done >= max_new_steps:
             reason = f"--max-new-steps {max_new_steps} reached"
         if reason is None:

@@ -7,6 +7,7 @@ business: :meth:`Run.audit` applies the rule of paper §5.3.
 
 ``knobs``  moves declared knobs (no LLM)                      -> :mod:`.knobs`
 ``llm``    SEARCH/REPLACE edits from an OpenAI-compatible LLM -> :mod:`.llm`
+``plan``   a coding agent's actions and branch decisions, written before a batch call -> :mod:`.plan`
 ``agent``  any coding agent through ``tik search`` verbs      -> ``search/skill/SKILL.md``
 """
 
@@ -85,4 +86,8 @@ def get_driver(name: str, **kw: Any):
         from areal_tik_plugin.search.drivers.llm import LLMDriver
 
         return LLMDriver(**kw)
-    raise ValueError(f"unknown driver {name!r}; expected knobs or llm (the agent driver is the `tik search` verbs)")
+    if name == "plan":
+        from areal_tik_plugin.search.drivers.plan import PlanDriver
+
+        return PlanDriver(**kw)
+    raise ValueError(f"unknown driver {name!r}; expected knobs, llm or plan (the agent driver is the `tik search` verbs)")

@@ -24,7 +24,7 @@ import urllib.request  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from areal_tik_plugin.integrations.sglang import check as sglang_check as SC  # noqa: E402
+from areal_tik_plugin.integrations.sglang import check as SC  # noqa: E402
 from tests.helpers.sglang_models import build_model  # noqa: E402
 
 REQUESTS = (([5, 6, 7, 8, 9, 10, 11], 0.0), ([12, 13, 14], 1.0), ([20, 21, 22, 23, 24], 0.7))

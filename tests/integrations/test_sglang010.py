@@ -5,8 +5,9 @@ with that venv's Triton 3.5.1 and transformers 5.3.0.
 
 The HTTP server path (what AReaL starts) is checked by tests/helpers/sglang_http_check.py.
 
-Opt-in lane: runs when ``TIK_SGLANG_010_VENV`` names a venv made by ``.ci/lane_sglang010.sh``. Not in
-.ci/run: on a shared 2-core machine the install took 458 s and the proof 927 s, beyond the CI budget.
+Runs when ``TIK_SGLANG_010_VENV`` names a venv made by ``.ci/lane_sglang010.sh`` (.ci/run builds one). The
+full proof (3 Engines, 927 s on a shared 2-core machine) is beyond the CI budget: it runs with
+``TIK_SGLANG_010_FULL=1``; CI runs the version and HTTP-server tests.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def test_venv_has_areals_sglang_stack():
     assert sglang == "0.5.10.post1" and transformers == "5.3.0" and triton.startswith("3.5."), out.stdout
 
 
+@pytest.mark.skipif(os.environ.get("TIK_SGLANG_010_FULL") != "1",
+                    reason="the full 0.5.10 proof (~15 min) runs with TIK_SGLANG_010_FULL=1")
 def test_sglang_proof_on_0_5_10():
     """Qwen3 and Qwen3-MoE through the launcher, every log-prob bit-identical to the training side; the
     stock pair still differs (tests/integrations/test_sglang_proof.py, run in the 0.5.10 venv from this checkout)."""
