@@ -225,6 +225,12 @@ def versions() -> dict[str, Any]:
         except md.PackageNotFoundError:
             out[dist] = None
     out["python"] = sys.version.split()[0]
+    try:
+        from areal_tik_plugin import evidence
+
+        out["env"] = evidence.environment()  # the GPU, driver, CUDA and library versions the HF verify records
+    except Exception as e:  # noqa: BLE001
+        out["env"] = f"unavailable: {type(e).__name__}: {e}"
     out["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     try:
         from areal_tik_plugin.runtime import loader
