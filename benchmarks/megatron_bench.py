@@ -133,7 +133,9 @@ def time_variant(spec: str, a, dev) -> dict:
         t = time.perf_counter()
         out = fwd(ids)
         if grad is None:  # one fixed output gradient for every step and variant shape
-            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(a.seed + 2)).to(out.dtype).to(dev)
+            # drawn on the device in the logits' dtype: [b, s, vocab] in fp32 on the host is ~5 GB and seconds
+            gen = torch.Generator(device=dev).manual_seed(a.seed + 2)
+            grad = torch.randn(out.shape, generator=gen, device=dev, dtype=out.dtype)
         out.backward(grad)
         _sync(dev)
         times.append(time.perf_counter() - t)
