@@ -3,6 +3,7 @@
 # layer bench, knob search). Needs the carried wheels:
 #   python -m devenv.sglang_wheels .whl       # SGLang 0.5.23 (trimmed) + deps
 #   python -m devenv.areal_gpu_wheels .whl-areal   # areal 1.0.4 + light deps, liger-kernel
+#   python -m devenv.megatron_wheels .whl-mcore    # megatron-core 0.17.0 + mbridge (the megatron step)
 # Usage (device call, carry [".whl", ".whl-areal"]):
 #   bash benchmarks/gpu_integrations.sh [OPTION...] STEP [STEP...]
 #   e.g. bash benchmarks/gpu_integrations.sh --sgl-limit 400 --sgl-repeat 5 --no-sgl-tiny sglang verify-full
