@@ -3,10 +3,11 @@
 # layer bench, knob search). Needs the carried wheels:
 #   python -m devenv.sglang_wheels .whl       # SGLang 0.5.23 (trimmed) + deps
 #   python -m devenv.areal_gpu_wheels .whl-areal   # areal 1.0.4 + light deps, liger-kernel
+#   python -m devenv.megatron_wheels .whl-mcore    # megatron-core 0.17.0 + mbridge (the megatron step)
 # Usage (device call, carry [".whl", ".whl-areal"]):
 #   bash benchmarks/gpu_integrations.sh [OPTION...] STEP [STEP...]
 #   e.g. bash benchmarks/gpu_integrations.sh --sgl-limit 400 --sgl-repeat 5 --no-sgl-tiny sglang verify-full
-# STEPs: sglang | sglang-ab | sglang-profile | liger | recompute | verify-full | layer-bench | gemm-sweep | ops-quick | host | search | gsm8k | gsm8k-e2e | areal-bits
+# STEPs: sglang | sglang-ab | sglang-profile | liger | recompute | verify-full | layer-bench | gemm-sweep | ops-quick | host | search | gsm8k | gsm8k-e2e | areal-bits | megatron
 # OPTIONs (before the steps; an unknown one is refused; defaults in brackets):
 #   --dry-run                print each command line ("+ ..." shell-quoted) instead of running it
 #   --deadline-s S           seconds this call may take [none]; the search step keeps within it
@@ -38,6 +39,12 @@
 #     --gsm8k-data DIR [tests/data/gsm8k_tiny]  --gsm8k-args "HYDRA OVERRIDES" []
 #     --e2e-attn-impl NAME     gsm8k-e2e: the FSDP attention [flash_attention_2; sdpa when flash_attn is not importable]
 #   areal-bits: --bits-sglang | --no-bits-sglang    part A (SGLang vs HF) as well as part B [on]
+#   megatron (carry .whl-mcore, built with `python -m devenv.megatron_wheels .whl-mcore`):
+#     --mg-model NAME [qwen3-4b]  --mg-layers N (verify; [all of the model's])  --mg-batch N [64]
+#     --mg-verify-limit S [170]  --mg-bench-limit S [110]
+#     --mg-bench-args "ARGS" (benchmarks.megatron_bench) [--layers 8 --micro-batch 4 --seq-len 2048 --steps 5 --warmup 2]
+#     with --deadline-s: the verify limit leaves --mg-bench-reserve-s S [100] for the bench, which skips the
+#     variants that would start within 20 s of the deadline
 # (ops-quick: contract checks + --quick benchmark grid of --ops, a probe, not the evidence call)
 # (gsm8k: kind nvidia-h200-x2, wheels built with `devenv.areal_gpu_wheels .whl-areal --trainer`;
 #  about 150-200 s per mode, --gsm8k-limit 240 s each)
@@ -57,6 +64,8 @@ search_name=h200-knobs; search_budget_s=300; search_reserve_s=90
 gpu_model=/tmp/tik-random-qwen3-1.7b; gsm8k_modes="baseline tik"; gsm8k_limit=; gsm8k_model_group=
 gsm8k_build="--shape qwen3-1.7b --device cuda"; gsm8k_data=$PWD/tests/data/gsm8k_tiny; gsm8k_args=; e2e_attn_impl=
 bits_sglang=1
+mg_model=qwen3-4b; mg_layers=; mg_batch=64; mg_verify_limit=170; mg_bench_limit=110; mg_bench_reserve_s=100
+mg_bench_args="--layers 8 --micro-batch 4 --seq-len 2048 --steps 5 --warmup 2"
 need() { [ $# -ge 2 ] || { echo "gpu_integrations.sh: $1 needs a value (see the header of benchmarks/gpu_integrations.sh)" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -104,6 +113,13 @@ while [ $# -gt 0 ]; do
     --e2e-attn-impl) need "$@"; e2e_attn_impl=$2; shift 2;;
     --bits-sglang) bits_sglang=1; shift;;
     --no-bits-sglang) bits_sglang=0; shift;;
+    --mg-model) need "$@"; mg_model=$2; shift 2;;
+    --mg-layers) need "$@"; mg_layers=$2; shift 2;;
+    --mg-batch) need "$@"; mg_batch=$2; shift 2;;
+    --mg-verify-limit) need "$@"; mg_verify_limit=$2; shift 2;;
+    --mg-bench-limit) need "$@"; mg_bench_limit=$2; shift 2;;
+    --mg-bench-reserve-s) need "$@"; mg_bench_reserve_s=$2; shift 2;;
+    --mg-bench-args) need "$@"; mg_bench_args=$2; shift 2;;
     -*) echo "gpu_integrations.sh: unknown option $1 (see the header of benchmarks/gpu_integrations.sh)" >&2; exit 2;;
     *) break;;
   esac
@@ -112,7 +128,8 @@ for a in "$@"; do
   case "$a" in -*) echo "gpu_integrations.sh: option $a after the step names (options go first; see the header of benchmarks/gpu_integrations.sh)" >&2; exit 2;; esac
 done
 for v in deadline_s sgl_limit sgl_repeat sgl_batch sgl_new sgl_moe_layers pyspy_rate ops_limit rc_batch rc_steps rc_limit \
-         verify_batch lb_limit gs_limit host_limit search_budget_s search_reserve_s gsm8k_limit; do
+         verify_batch lb_limit gs_limit host_limit search_budget_s search_reserve_s gsm8k_limit \
+         mg_layers mg_batch mg_verify_limit mg_bench_limit mg_bench_reserve_s; do
   [[ -z ${!v} || ${!v} =~ ^[0-9]+$ ]] || { echo "gpu_integrations.sh: --${v//_/-}: expected a whole number, got ${!v}" >&2; exit 2; }
 done
 # --dry-run: x CMD prints the command line instead of running it
@@ -122,7 +139,7 @@ OUT=${OUT:-/tmp/tik-out}
 mkdir -p "$OUT/w"
 W=$OUT/w
 if [ $dry = 0 ]; then
-  for d in .whl .whl-areal .whl-fi; do
+  for d in .whl .whl-areal .whl-fi .whl-mcore; do
     if ls $d/*.whl >/dev/null 2>&1; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $d/*.whl \
         >>"$W/pip.log" 2>&1 || { tail -20 "$W/pip.log"; exit 1; }
@@ -328,6 +345,34 @@ for step in "$@"; do
         --model-dir "$gpu_model" --check-bits 16 --batch 16 --prompt 36 --response 512 --steps 1 --warmup 0 \
         --out "$W/bits-areal.json" >"$W/bits-areal.log" 2>&1 || rc=1
       echo "-- B: AReaL FSDP actor vs plain patched HF"; grep -E "check_bits|Error|Traceback" "$W/bits-areal.log" | cut -c1-1500 | head -5;;
+    megatron)
+      # issue 32 step 5: megatron-core as AReaL pins it (.whl-mcore), (a) tik verify --engine megatron on
+      # --mg-model (random weights) at batch --mg-batch, prompt 1024, responses 128..1024, every sequence vs
+      # the rollout replay and the patched HF forward (16K-token micro-batches; the shortest and longest
+      # sequence also alone and through the training forward); (b) fwd+bwd tokens/s of the plugin spec vs
+      # megatron-core's local TE-free spec and stock HF/SDPA (benchmarks/megatron_bench.py)
+      if [ $dry = 0 ] && ! ls .whl-mcore/*.whl >/dev/null 2>&1; then
+        echo "megatron: no wheels in .whl-mcore (python -m devenv.megatron_wheels .whl-mcore; carry it)"; rc=1; continue
+      fi
+      x python3 -c "import megatron.core as m, torch; print('megatron-core', m.__version__, 'torch', torch.__version__)" \
+        || { rc=1; continue; }
+      vlim=$mg_verify_limit blim=$mg_bench_limit
+      if [ -n "$deadline_s" ]; then
+        left=$(( deadline_s - SECONDS - mg_bench_reserve_s )); [ $left -lt $vlim ] && vlim=$left
+      fi
+      lay=(); [ -n "$mg_layers" ] && lay=(--layers "$mg_layers")
+      x timeout "$vlim" python3 -m areal_tik_plugin.verify --engine megatron --model "$mg_model" "${lay[@]}" \
+        --prompt-len 1024 --response-len 128..1024 --batch "$mg_batch" --single 2 --max-tokens-per-forward 16384 \
+        --out "$W/megatron-verify.json" >"$W/megatron-verify.log" 2>&1 || rc=1
+      grep -E "Error|Traceback" "$W/megatron-verify.log" | grep -v Warning | head -5; tail -6 "$W/megatron-verify.log"
+      if [ -n "$deadline_s" ]; then
+        left=$(( deadline_s - SECONDS - 10 )); [ $left -lt $blim ] && blim=$left
+      fi
+      # shellcheck disable=SC2086  # --mg-bench-args: words on purpose
+      x timeout "$blim" python3 -m benchmarks.megatron_bench --out "$W" --model "$mg_model" $mg_bench_args \
+        --deadline-s $(( blim - 20 )) >"$W/megatron-bench.log" 2>&1 || rc=1
+      grep -E "Error|Traceback" "$W/megatron-bench.log" | grep -v Warning | head -5
+      x python3 -m benchmarks.megatron_bench --summary "$W";;
     search)
       budget=$search_budget_s
       if [ -n "$deadline_s" ]; then  # leave --search-reserve-s (default 90) after the search for later steps

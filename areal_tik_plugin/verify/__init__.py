@@ -761,7 +761,8 @@ def _cmd_verify_megatron(args) -> int:
 
         rep = MV.run_verify_megatron(sys.modules[__name__], args.model, layers=args.layers, batch=args.batch,
                                      prompt_len=args.prompt_len, response_len=args.response_len,
-                                     page_size=args.page_size, seed=args.seed, device=args.device)
+                                     page_size=args.page_size, seed=args.seed, device=args.device,
+                                     single=args.single, max_tokens_per_forward=args.max_tokens_per_forward)
     except ImportError as e:
         print(f"tik verify --engine megatron: needs megatron-core (pip install 'areal-tik-plugin[megatron]'): {e}",
               file=sys.stderr)

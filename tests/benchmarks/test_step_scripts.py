@@ -108,6 +108,15 @@ def _integrations_defaults(W):
                        ["timeout", "200", "torchrun", "--nproc-per-node", "1", "recipes/bench_recompute.py", "--tik",
                         "--model-dir", "/tmp/tik-random-qwen3-1.7b", "--check-bits", "16", "--batch", "16", "--prompt",
                         "36", "--response", "512", "--steps", "1", "--warmup", "0", "--out", f"{W}/bits-areal.json"]],
+        "megatron": [["python3", "-c", "import megatron.core as m, torch; print('megatron-core', m.__version__, 'torch', "
+                                       "torch.__version__)"],
+                     ["timeout", "170", "python3", "-m", "areal_tik_plugin.verify", "--engine", "megatron", "--model",
+                      "qwen3-4b", "--prompt-len", "1024", "--response-len", "128..1024", "--batch", "64", "--single", "2",
+                      "--max-tokens-per-forward", "16384", "--out", f"{W}/megatron-verify.json"],
+                     ["timeout", "110", "python3", "-m", "benchmarks.megatron_bench", "--out", W, "--model", "qwen3-4b",
+                      "--layers", "8", "--micro-batch", "4", "--seq-len", "2048", "--steps", "5", "--warmup", "2",
+                      "--deadline-s", "90"],
+                     ["python3", "-m", "benchmarks.megatron_bench", "--summary", W]],
     }
 
 
@@ -151,6 +160,17 @@ def test_integrations_options_reach_the_command_lines(tmp_path):
                  "ops-quick", out=tmp_path)
     assert [c[:3] for c in got] == [["timeout", "200", "python3"], ["timeout", "200", "torchrun"], ["timeout", "99", "python3"]]
     assert got[2][got[2].index("--ops") + 1] == "gemm"
+    _, got = dry("gpu_integrations.sh", "--deadline-s", "200", "--mg-layers", "12", "--mg-batch", "8", "--mg-model",
+                 "qwen2.5-1.5b", "--mg-bench-args", "--layers 2 --steps 3", "--mg-bench-reserve-s", "80", "megatron",
+                 out=tmp_path)
+    v, b = got[1], got[2]
+    assert v[:2] == ["timeout", "120"] or v[:2] == ["timeout", "119"]  # 200 - elapsed - 80 s for the bench
+    assert v[v.index("--model") + 1:v.index("--model") + 4] == ["qwen2.5-1.5b", "--layers", "12"]
+    assert v[v.index("--batch") + 1] == "8"
+    assert b[:2] == ["timeout", "110"] and b[b.index("--model") + 1:b.index("--deadline-s")] == [
+        "qwen2.5-1.5b", "--layers", "2", "--steps", "3"] and b[-1] == "90"
+    _, got = dry("gpu_integrations.sh", "--deadline-s", "100", "--mg-bench-reserve-s", "50", "megatron", out=tmp_path)
+    assert got[1][1] in ("50", "49") and got[2][1] in ("90", "89") and int(got[2][-1]) == int(got[2][1]) - 20
 
 
 BASELINE_DEFAULTS = [  # benchmarks/gpu_baselines.sh with no option given (FlashInfer carried)
