@@ -34,13 +34,15 @@ def _opps(plan):
             yield from s.get(b, {}).get("opportunities") or []
 
 
-@pytest.mark.parametrize("name,spec", [("plan", "h200_attention"), ("cpu_plan", "cpu_attention_smoke")])
-def test_plan_is_generated_valid_and_names_spec_workloads(tmp_path, name, spec):
+@pytest.mark.parametrize("name,spec,first", [("plan", "h200_attention", "tma"),
+                                              ("cpu_plan", "cpu_attention_smoke", "tma"),
+                                              ("cpu_plan_tma2d", "cpu_attention_smoke", "tma2d")])
+def test_plan_is_generated_valid_and_names_spec_workloads(tmp_path, name, spec, first):
     from areal_tik_plugin.search.drivers.plan import PlanDriver
 
     gen = _load("gen_plan")
     out = tmp_path / f"{name}.yaml"
-    gen.write(str(out), gen.H200_PREFILL + gen.H200_TRAIN if name == "plan" else gen.CPU_PREFILL)
+    gen.write(str(out), gen.H200_PREFILL + gen.H200_TRAIN if name == "plan" else gen.CPU_PREFILL, first=first)
     assert out.read_text() == (PLAN_DIR / f"{name}.yaml").read_text(), "re-run gen_plan.py"
     PlanDriver(str(PLAN_DIR / f"{name}.yaml"))  # validates fields, keys, edit files, branch decisions
     with open(ROOT / "search" / "specs" / f"{spec}.yaml") as f:
@@ -57,7 +59,10 @@ def test_every_step_edit_chain_applies_to_the_root():
         chain = mat.lineage(plan, s["opportunity"])
         files = mat.build([str(PLAN_DIR / e) for e in chain])
         assert files["attention.py"] != root["attention.py"], s["opportunity"]
-        assert set(files) == set(root)  # edits change attention.py only
+        assert set(files) == set(root)  # no file added or removed
+    # no step of the plan keeps the root's pointer loads in prefill (those trees spill: compile_sm90.json)
+    assert all(mat.lineage(plan, s["opportunity"])[0].startswith(("edits/tma_kv", "edits/tma2d_kv"))
+               for s in plan["steps"])
 
 
 @pytest.mark.skipif(not ptxas_available(), reason="triton's bundled ptxas not found")
