@@ -21,7 +21,7 @@ RISKS = {
            "the only difference is the values loaded for keys past the sequence end in masked tiles (next "
            "sequence's keys or TMA zero fill instead of 0): their scores are replaced by -inf before the row max, "
            "so p = 0 and 0 * v = 0 in P@V and in the tensor-core row sum. A non-finite K/V value in a neighbouring "
-           "sequence would still be masked in S but would give 0 * inf = NaN in P@V (not present in real K/V).",
+           "sequence would still be masked in S but would give 0 * inf = NaN in P@V, where the root reads 0 (README: semantic caveat).",
     "tma2d": "as the 3-D TMA step: only the values loaded for keys past the sequence end in masked tiles differ "
              "(next sequence's keys or zero fill instead of 0), masked to -inf before the row max, so p = 0 there.",
     "bm128": "free knob: per warpgroup the wgmma shapes (m64 n64/n128/n16 k16) and the per-row instruction sequence "
@@ -109,9 +109,10 @@ def steps_and_opps(prefill, first="tma"):
         return d
 
     initial = {
-        "interpretation": "root E0000: prefill/train hold nearly all of T (unit weights, us); decode is < 2 % of T, "
-                          "below improve_eps, so decode edits cannot be promoted on this spec; the prefill kernel "
-                          "spills (255 regs + 120 B) at 64 x 4 warps",
+        "interpretation": "root E0000: prefill/train hold nearly all of T (unit weights, us); decode is ~3 % of T "
+                          "(committed bench), so even halving decode gains ~1.5 % < improve_eps 2 %: decode edits "
+                          "cannot be promoted on this spec; the prefill kernel spills (255 regs + 120 B) at "
+                          "64 x 4 warps",
         "rationale": "attack the prefill register budget first (TMA K/V), then the softmax instruction count "
                      "(fma shift, every path), the grid order, the tile height",
         "opportunities": [o(first, first, ["root"])],
