@@ -29,11 +29,13 @@ def test_gemm_specs_validate():
     assert h["max_slowdown"] == 1.05 and list(h["entry_points"]) == ["gemm.linear"]
     wl = h["workloads"]
     assert {(w["shape"]["N"], w["shape"]["K"]) for w in wl} == QWEN_DENSE
-    assert {w["shape"]["M"] for w in wl} == {1, 16, 64, 1024, 4096} and len(wl) == 45
+    assert {w["shape"]["M"] for w in wl} == {1, 64, 256, 1024, 4096} and len(wl) == 44
+    # M = 256 (the mid-M tiles) on the Qwen3-4B / Qwen3-8B projections
+    assert {(w["shape"]["N"], w["shape"]["K"]) for w in wl if w["shape"]["M"] == 256} == QWEN_DENSE - {(1536, 8960)}
     assert all(w["weight"] == 1.0 and w["root_latency_us"] is None for w in wl)
     assert all((w.get("quick", True) is False) == (w["shape"]["M"] == 4096) for w in wl)
     q = S.freeze(h, quick=True)
-    assert len(q["workloads"]) == 36 and S.criteria_hash(q) != S.criteria_hash(S.freeze(h))
+    assert len(q["workloads"]) == 35 and S.criteria_hash(q) != S.criteria_hash(S.freeze(h))
     assert max(m for s in h["bitwise"] if s["suite"] == "rows_vs_m1" for m in s["Ms"]) >= 16384
     c = S.load("cpu_gemm_smoke")
     assert c["target"]["device"] == "cpu" and c["runner"] == h["runner"]
