@@ -189,8 +189,20 @@ def _build(module: str) -> None:
     torch.cuda.synchronize()
 
 
+# FA2 paged prefill resolves its KV-stride specialization from the tensors at run time (FlashInfer's
+# jit.attention.modules URI suffixes): the module built carries one of these after the planned name
+FA2_STRIDE_SUFFIXES = ("_kv_stride_equal", "_kv_stride_independent", "_paged_kv_stride_independent")
+
+
+def _compiled(sp) -> bool:
+    if sp.is_compiled:
+        return True
+    lib = str(sp.get_library_path())
+    return any(os.path.exists(lib.replace(sp.name, sp.name + sfx)) for sfx in FA2_STRIDE_SUFFIXES)
+
+
 def _check_compiled(specs) -> None:
-    missing = [sp.name for sp in specs if not sp.is_compiled]
+    missing = [sp.name for sp in specs if not _compiled(sp)]
     if missing:
         raise RuntimeError(f"built, yet not in the JIT cache under the names SGLang's backend asks for: {missing}")
 

@@ -202,3 +202,26 @@ def test_sglang_backend_source_constructs_the_wrappers_plan_like_sglang_builds()
                                                     "flashinfer.sampling"}
     rope = open(os.path.join(os.path.dirname(spec.origin), "srt", "layers", "rotary_embedding", "base.py")).read()
     assert "from sglang.kernels.ops.attention.rope import apply_rope_with_cos_sin_cache_inplace" in rope
+
+
+def test_prebuild_check_accepts_the_kv_stride_variant_the_run_resolved(tmp_path):
+    """FA2 paged prefill picks its KV-stride specialization from the tensors at run time (on the H200 the
+    planned module came out as ``..._kv_stride_equal``): that build counts; a module built under no name
+    of the spec's family does not."""
+    from benchmarks import flashinfer_prebuild as P
+
+    class Spec:
+        name = "batch_prefill_x"
+        is_compiled = False
+
+        def get_library_path(self):
+            return tmp_path / self.name / f"{self.name}.so"
+
+    sp = Spec()
+    assert not P._compiled(sp)
+    with pytest.raises(RuntimeError, match="batch_prefill_x"):
+        P._check_compiled([sp])
+    (tmp_path / "batch_prefill_x_kv_stride_equal").mkdir()
+    (tmp_path / "batch_prefill_x_kv_stride_equal" / "batch_prefill_x_kv_stride_equal.so").write_bytes(b"")
+    assert P._compiled(sp)
+    P._check_compiled([sp])
