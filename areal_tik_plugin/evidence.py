@@ -218,12 +218,16 @@ def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[st
     * ``areal_gsm8k``: ``gsm8k-summary.json`` of ``bash benchmarks/gpu_integrations.sh gsm8k`` under
       ``evidence/areal/*/`` (the GSM8K recipe, tik vs baseline: tokens/s, phases, mismatch monitor);
     * ``areal_bits``: ``bench_recompute.py --check-bits`` JSON under ``evidence/areal/*/`` (AReaL's FSDP
-      actor vs the plain plugin-patched HF forward, bit for bit).
+      actor vs the plain plugin-patched HF forward, bit for bit);
+    * ``megatron_verify`` / ``megatron_bench``: ``tik verify --engine megatron`` and
+      ``python -m benchmarks.megatron_bench`` JSON under ``evidence/megatron/`` (the plugin's layer spec on
+      megatron-core: bits against the rollout side; forward + backward time against Megatron's local spec).
     """
     root = root or repo_evidence_dir()
     rel = lambda p: os.path.relpath(p, os.path.dirname(root))  # noqa: E731
     out: dict[str, list[dict[str, Any]]] = {"layer_bench": [], "sglang_gpu": [], "areal_recompute": [],
-                                            "areal_gsm8k": [], "areal_bits": []}
+                                            "areal_gsm8k": [], "areal_bits": [], "megatron_verify": [],
+                                            "megatron_bench": []}
     for p in sorted(glob.glob(os.path.join(root, "layer_bench", "*.json"))):
         rec = _load_json(p)
         if not rec or rec.get("schema") != "areal-tik-layer-bench/1":
@@ -240,6 +244,7 @@ def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[st
         if not rec or "bitwise_mismatching_requests" not in rec:
             continue
         ih = rec.get("implementation") or {}
+        bk = rec.get("backends") or {}
         out["sglang_gpu"].append({
             "file": rel(p), "device": rec.get("device"), "gpu": rec.get("env", {}).get("gpu"),
             "model": os.path.basename(str(rec.get("model"))), "batch": rec.get("batch"),
@@ -248,9 +253,32 @@ def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[st
             "ops_through_ours": bool((rec.get("ops") or {}).get("ok")),
             "matches_hash": (ih.get("name") == impl.name and ih.get("source_hash") == impl.source_hash) if ih else None,
             "cuda_graphs": not (rec.get("engine_args") or {}).get("disable_cuda_graph", True) if "engine_args" in rec else None,
-            "backends": {k: ({"error": True} if "error" in v else {"greedy_tokens_per_s": v.get("greedy_tokens_per_s")})
-                         for k, v in (rec.get("backends") or {}).items()},
+            "backends": {k: ({"error": True} if "error" in v else
+                             {"greedy_tokens_per_s": v.get("greedy_tokens_per_s"),
+                              "repeat_tokens_per_s": v.get("greedy_repeat_median_tokens_per_s")})
+                         for k, v in bk.items()},
         })
+    for p in sorted(glob.glob(os.path.join(root, "megatron", "*.json"))):
+        rec = _load_json(p)
+        if not rec:
+            continue
+        ih = (rec.get("versions") or {}).get("implementation") or {}
+        common = {"file": rel(p), "model": rec.get("model"), "layers": rec.get("layers"),
+                  "megatron_core": (rec.get("versions") or {}).get("megatron-core"),
+                  "gpu": ((rec.get("versions") or {}).get("env") or {}).get("gpu"),
+                  "matches_hash": ih.get("name") == impl.name and ih.get("source_hash") == impl.source_hash}
+        if rec.get("engine") == "megatron" and "bit_identical" in rec:
+            out["megatron_verify"].append({**common, "batch": rec.get("batch"), "device": rec.get("device"),
+                                           "prompt_lens": rec.get("prompt_lens"),
+                                           "response_lens": rec.get("response_lens"),
+                                           "bit_identical": bool(rec["bit_identical"]),
+                                           "rows": {c.get("check"): [c.get("identical_rows"), c.get("rows")]
+                                                    for c in rec.get("checks") or [] if isinstance(c, dict)}})
+        elif rec.get("variants"):
+            out["megatron_bench"].append({**common, "tokens_per_step": rec.get("tokens_per_step"),
+                                          "micro_batch": rec.get("micro_batch"), "seq_len": rec.get("seq_len"),
+                                          "tokens_per_s": {k: v.get("tokens_per_s") for k, v in rec["variants"].items()
+                                                           if v.get("tokens_per_s")}})
     for p in sorted(glob.glob(os.path.join(root, "areal", "*.json"))):
         rec = _load_json(p)
         if not rec or "mean" not in rec or "args" not in rec:
@@ -562,13 +590,43 @@ def integration_rows(impl, root: str | None = None, source_hash: str | None = No
         base = ", ".join(f"`{k}`: " + ("not run" if v.get("error") or not v.get("greedy_tokens_per_s")
                                        else f"{v['greedy_tokens_per_s']:.0f} tok/s")
                          for k, v in others.items()) or "—"
+        ratio = "—"
+        fi = others.get("flashinfer") or {}
+        if tps and fi.get("greedy_tokens_per_s"):
+            ratio = f"{tps / fi['greedy_tokens_per_s']:.2f}"
+            if (r["backends"]["tik"].get("repeat_tokens_per_s") and fi.get("repeat_tokens_per_s")):
+                ratio += f" (cached prompts {r['backends']['tik']['repeat_tokens_per_s'] / fi['repeat_tokens_per_s']:.2f})"
         out.append({"what": "SGLang Engine, backend `tik`", "file": r["file"],
                     "workload": f"{r.get('model')}, batch {r.get('batch')}, {r.get('new_tokens')} new tokens"
                                 + (", CUDA graphs" if r.get("cuda_graphs") else ""),
                     "result": f"{r.get('requests')} requests "
                               + ("bit-identical to the training forward" if r.get("bit_identical") else "DIFFER")
                               + (f"; {tps:.0f} tok/s greedy decode" if tps else ""),
-                    "baseline": base, "ratio": "—", "command": "python -m benchmarks.sglang_gpu_proof"})
+                    "baseline": base, "ratio": ratio, "command": "python -m benchmarks.sglang_gpu_proof"})
+    for r in integ.get("megatron_verify", []):
+        if not r["matches_hash"] or r.get("device") != "cuda":
+            continue
+        pl, rl = r.get("prompt_lens") or [], r.get("response_lens") or []
+        shape = (f"prompt {min(pl)}..{max(pl)}" if pl and min(pl) != max(pl) else f"prompt {pl[0]}" if pl else "")
+        shape += f", responses {min(rl)}..{max(rl)}" if rl else ""
+        out.append({"what": f"tik verify --engine megatron {r['model']} ({r['layers']} layers, megatron-core "
+                            f"{r['megatron_core']})", "file": r["file"],
+                    "workload": f"batch {r['batch']}, {shape}",
+                    "result": "bit-identical" if r["bit_identical"] else "NOT bit-identical",
+                    "baseline": "—", "ratio": "—", "command": "tik verify --engine megatron"})
+    for r in integ.get("megatron_bench", []):
+        t = r["tokens_per_s"]
+        if not r["matches_hash"] or "tik" not in t:
+            continue
+        ours = t["tik"]  # [s, b] input like the baselines; the packed (THD) layout AReaL feeds is shown beside it
+        base = {k: v for k, v in t.items() if not k.startswith("tik")}
+        names = {"local": "Megatron local spec (no TE)", "hf": "HF + SDPA"}
+        out.append({"what": "Megatron forward + backward, plugin spec", "file": r["file"],
+                    "workload": f"{r['model']} x {r['layers']} layers, micro-batch {r['micro_batch']} x {r['seq_len']}",
+                    "result": f"{ours:.0f} tok/s" + (f" ({t['tik-thd']:.0f} packed THD)" if "tik-thd" in t else ""),
+                    "baseline": ", ".join(f"{names.get(k, k)}: {v:.0f} tok/s" for k, v in base.items()) or "—",
+                    "ratio": ", ".join(f"{ours / v:.2f} vs {k}" for k, v in base.items()) or "—",
+                    "command": "python -m benchmarks.megatron_bench"})
     for r in integ.get("layer_bench", []):
         if not r.get("matches_hash"):
             continue

@@ -60,9 +60,14 @@ def test_loader_refuses_edited_implementation(tmp_path):
 def test_integration_results_are_summarized():
     impl = loader.load_implementation(loader.resolve_path(loader.selected_name("sm_90")))
     integ = evidence.summary(impl)["integrations"]
-    assert set(integ) == {"layer_bench", "sglang_gpu", "areal_recompute", "areal_gsm8k", "areal_bits"}
+    assert set(integ) == {"layer_bench", "sglang_gpu", "areal_recompute", "areal_gsm8k", "areal_bits",
+                          "megatron_verify", "megatron_bench"}
     for r in integ["sglang_gpu"]:  # every committed SGLang GPU proof must hold
         assert r["bit_identical"] and r["ops_through_ours"], r
+    for r in integ["megatron_verify"]:  # every committed Megatron proof must hold, every check row identical
+        assert r["bit_identical"] and r["rows"] and all(a == b for a, b in r["rows"].values()), r
+    for r in integ["megatron_bench"]:  # the plugin spec and at least one stock spec timed in the same process
+        assert "tik" in r["tokens_per_s"] and set(r["tokens_per_s"]) - {"tik", "tik-thd"}, r
     for r in integ["layer_bench"]:
         assert r["n"] and r["mean_ratio"] > 0, r
     modes = {r["tik"] for r in integ["areal_recompute"]}
@@ -234,13 +239,26 @@ def test_summary_reads_every_result_kind(tmp_path, impl):
     w("areal/b/bits-areal.json", {"device": "H200", "args": {"model_dir": "m"},
                                   "check_bits": {"sequences": 8, "tokens": 7104,
                                                  "shifted": {"mismatched_tokens": 0, "max_abs_diff": 0.0}}})
+    mv = {"megatron-core": "0.17.0", "implementation": ih, "env": {"gpu": "NVIDIA H200"}}
+    w("megatron/v.json", {"engine": "megatron", "model": "qwen3-4b", "layers": 4, "device": "cuda", "batch": 2,
+                          "prompt_lens": [17, 17], "response_lens": [3, 5], "bit_identical": True, "versions": mv,
+                          "checks": [{"check": "megatron-vs-rollout", "rows": 9, "identical_rows": 9}]})
+    w("megatron/b.json", {"model": "qwen3-4b", "layers": 2, "micro_batch": 1, "seq_len": 64, "versions": mv,
+                          "variants": {"tik": {"tokens_per_s": 300.0}, "local": {"tokens_per_s": 100.0},
+                                       "hf": {"error": "x"}}})
     s = evidence.summary(impl, str(root))
     assert [(m["model"], m["matches_hash"], m["response_len_min"], m["file"]) for m in s["models"]] == [
         ("qwen3-4b", True, 1, "evidence/verify/v.json")]
     integ = s["integrations"]
     assert [r["mean_ratio"] for r in integ["layer_bench"]] == [1.5]
     assert [(r["bit_identical"], r["ops_through_ours"], r["cuda_graphs"], r["backends"]) for r in integ["sglang_gpu"]] \
-        == [(True, True, True, {"tik": {"greedy_tokens_per_s": 900.0}, "triton": {"error": True}})]
+        == [(True, True, True, {"tik": {"greedy_tokens_per_s": 900.0, "repeat_tokens_per_s": None},
+                                "triton": {"error": True}})]
+    assert [(r["bit_identical"], r["rows"]) for r in integ["megatron_verify"]] == [(True, {"megatron-vs-rollout": [9, 9]})]
+    assert [r["tokens_per_s"] for r in integ["megatron_bench"]] == [{"tik": 300.0, "local": 100.0}]
+    rows = {r["what"]: r for r in evidence.integration_rows(impl, str(root))}
+    assert rows["Megatron forward + backward, plugin spec"]["ratio"] == "3.00 vs local"
+    assert rows["tik verify --engine megatron qwen3-4b (4 layers, megatron-core 0.17.0)"]["result"] == "bit-identical"
     assert {r["tik"] for r in integ["areal_recompute"]} == {True, False}
     assert integ["areal_gsm8k"][0]["baseline"]["tokens_per_s"] == 80.0
     assert integ["areal_bits"][0]["mismatched_tokens"] == 0
