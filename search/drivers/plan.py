@@ -29,13 +29,16 @@ Plan file (YAML or JSON; ``edits`` / ``from_dir`` paths are relative to the plan
         on_promoted: {decision: CONTINUE, interpretation: "...", rationale: "...",
                       opportunities: [{key: bm128-ws, applies_to: [self], ...}]}
         on_verified: {decision: ARCHIVE, interpretation: "...", rationale: "..."}
+        on_slower:   {decision: ARCHIVE, interpretation: "...", rationale: "..."}
         on_failed:   {decision: ABANDON, interpretation: "...", rationale: "..."}
 
 ``applies_to`` entries: ``self`` (the implementation just audited), ``root`` or a step key. A step
 whose opportunity is no longer pending, or whose parents did not come out verified, is skipped with
 the reason printed; when no step is left the driver stops the run ("plan exhausted").
-A missing ``on_promoted`` falls back to ``on_verified``; a missing branch is ARCHIVE (verified) or
-ABANDON (failed) with an interpretation that says the plan had none.
+``on_slower`` is taken by a verified offspring that is slower than its first parent or over a
+workload's limit (a verified regression, which a chain should not build on); without it such an
+offspring is ARCHIVEd. A missing ``on_promoted`` falls back to ``on_verified``; a missing branch is
+ARCHIVE (verified) or ABANDON (failed) with an interpretation that says the plan had none.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ from areal_tik_plugin.search import ir
 
 BRANCH_KEYS = ("decision", "interpretation", "rationale", "opportunities", "close", "abandon")
 STEP_KEYS = ("opportunity", "parents", "edits", "from_dir", "kind", "expected_effect", "numerical_risks",
-             "falsifier", "tokens", "targeted_workloads", "scope", "on_promoted", "on_verified", "on_failed")
+             "falsifier", "tokens", "targeted_workloads", "scope", "on_promoted", "on_verified", "on_slower",
+             "on_failed")
 OPP_KEYS = ("key", "mechanism", "entry_points", "target_workloads", "evidence", "evidence_notes", "applies_to",
             "priority", "kind")
 
@@ -102,7 +106,7 @@ def validate_plan(plan: dict[str, Any], base_dir: str) -> None:
         p = os.path.join(base_dir, s.get("edits") or s.get("from_dir"))
         if not os.path.exists(p):
             raise PlanError(f"{where}: {p} does not exist")
-        for b in ("on_promoted", "on_verified", "on_failed"):
+        for b in ("on_promoted", "on_verified", "on_slower", "on_failed"):
             if b in s:
                 _check_keys(f"{where}.{b}", s[b], BRANCH_KEYS)
                 if not s[b].get("decision"):
@@ -233,6 +237,12 @@ class PlanDriver:
             llm={"total_tokens": int(s["tokens"])} if s.get("tokens") else None, merge=not s.get("from_dir"))
 
     @staticmethod
+    def _slower(run, au: ir.Audit, act: ir.Action) -> bool:
+        parent = run.audits[ir.make_id("audit", ir.id_number(act.parents[0]))]
+        return bool(au.limit_violations) or bool(au.objective_us and parent.objective_us
+                                                 and au.objective_us > parent.objective_us)
+
+    @staticmethod
     def _facts(run, au: ir.Audit) -> str:
         bits = [f"audit {au.id}: {au.status} at stage {au.stage}"]
         if au.objective_us:
@@ -255,7 +265,11 @@ class PlanDriver:
         act = run.actions[ir.make_id("action", st.open_step)]
         key = run.opps[act.opportunity].details.get("plan_key")
         step = next((s for s in self.plan["steps"] if s["opportunity"] == key), {})
-        if au.verified:
+        if au.verified and not au.promoted and self._slower(run, au, act):
+            br = step.get("on_slower") or {
+                "decision": "ARCHIVE", "interpretation": "verified but slower than its parent (or over a limit)",
+                "rationale": "a regression is not built on; kept in the archive as evidence"}
+        elif au.verified:
             br = step.get("on_promoted") if au.promoted and step.get("on_promoted") else step.get("on_verified")
             br = br or {"decision": "ARCHIVE", "interpretation": "the plan has no branch for a verified offspring",
                         "rationale": "kept in the archive for a later plan"}

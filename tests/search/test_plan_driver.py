@@ -118,3 +118,27 @@ def test_cli_needs_a_plan_for_the_plan_driver(tmp_path, capsys):
 
     assert main(["search", "run", "--driver", "plan", "--run-dir", str(tmp_path / "r")]) == 2
     assert "--plan FILE" in capsys.readouterr().err
+
+
+def test_a_verified_regression_takes_the_slower_branch(files, tmp_path):
+    """A chain must not build on a verified offspring that is slower than its parent: on_slower, not
+    on_verified, decides it (ROW_BLOCK 16 -> 4 is slower in the cost model)."""
+    _edits(tmp_path / "row4.edits", ROW.replace("= 1 ", "= 16"), ROW.replace("= 1 ", "= 4 "))
+    cont = {"decision": "CONTINUE", "interpretation": "build on it", "rationale": "chain",
+            "opportunities": [_opp("next", "toy.step", ["self"])]}
+    plan = {"initial": {"interpretation": "i", "rationale": "r", "opportunities": [_opp("row16")]},
+            "steps": [{"opportunity": "row16", "parents": ["root"], "edits": "row16.edits", "kind": "full_sequence",
+                       "on_promoted": {**cont, "opportunities": [_opp("row4", applies=["self"])]}},
+                      {"opportunity": "row4", "parents": ["row16"], "edits": "row4.edits", "kind": "full_sequence",
+                       "on_verified": cont,
+                       "on_slower": {"decision": "ARCHIVE", "interpretation": "slower", "rationale": "no"}},
+                      {"opportunity": "next", "parents": ["row4"], "edits": "step4.edits", "kind": "decode"}]}
+    run = _run(tmp_path, kappa_max=20, max_steps=30)
+    try:
+        out = engine.run_search(run, PlanDriver(_write(tmp_path, "p.yaml", plan)), FakeEvaluator())
+        decs = sorted(run.decisions.values(), key=lambda d: d.step)
+        assert [d.decision for d in decs] == ["CONTINUE", "CONTINUE", "ARCHIVE"]
+        assert decs[2].interpretation.startswith("slower | audit E0002: ok")
+        assert len(run.actions) == 2 and out["stopped"]["reason"]
+    finally:
+        run.close()
