@@ -7,7 +7,8 @@ already brings pydantic, openai, orjson, dill, ...)::
 
 Only what ``areal.engine.fsdp_engine`` + ``areal.trainer.ppo.actor`` import is carried; ray (~70 MB)
 is replaced by the import-only stub in ``devenv/areal_gpu_stubs`` and the trainers' own stack
-(datasets, wandb, ...) is not imported by ``recipes/bench_recompute.py`` where it is absent.
+(datasets, tensorboardX, ...) is not imported by ``recipes/bench_recompute.py`` where it is absent.
+``--trainer`` adds that stack for the GSM8K recipe, without wandb (see :data:`TRAINER_WHEELS`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,14 @@ WHEELS = [
     "tenacity==9.2.1", "torchdata==0.11.0", "liger-kernel==0.8.5",
 ]
 
-# ``--trainer``: what AReaL's trainers (the GSM8K recipe) import on top, as installed in the CPU CI venv
-# (~22 MB, 20 of them wandb; with .whl and .whl-areal about 60 MiB, under the device's 64 MiB carry).
+# ``--trainer``: what AReaL's trainers (the GSM8K recipe) import on top, as installed in the CPU CI venv.
+# Not wandb: its wheel (20 MiB, mostly the Go wandb-core service) would put the gsm8k-e2e carry
+# (.whl + this + .whl-fi + the tree) over the device's 64 MiB, and the GPU recipe cells run with
+# stats_logger.wandb.mode=disabled, where AReaL only imports it and calls init/log/finish: the
+# import-only stand-in devenv/areal_gpu_stubs/wandb serves exactly that and raises on anything that
+# would log (`python -m devenv.carry --plan gsm8k-e2e` gives the sizes).
 TRAINER_WHEELS = [
-    "datasets==5.2.0", "multiprocess==0.70.19", "tensorboardX==2.6.5", "wandb==0.31.0", "math-verify==0.8.0",
+    "datasets==5.2.0", "multiprocess==0.70.19", "tensorboardX==2.6.5", "math-verify==0.8.0",
     "latex2sympy2_extended==1.10.2", "platformdirs==4.14.8", "tzdata==2026.6",
 ]
 
@@ -58,8 +63,14 @@ def main(argv=None) -> int:
                     help="also what `import areal` takes from the SGLang set (a call that carries no .whl)")
     a = ap.parse_args(argv)
     os.makedirs(a.dest, exist_ok=True)
-    download(WHEELS + (TRAINER_WHEELS if a.trainer else []) + (import_deps() if a.import_deps else []), a.dest,
-             a.python_version)
+    reqs = WHEELS + (TRAINER_WHEELS if a.trainer else []) + (import_deps() if a.import_deps else [])
+    download(reqs, a.dest, a.python_version)
+    # a wheel of an earlier set left in dest (wandb) would travel and be installed on the device too
+    from devenv.carry import check_folder
+
+    for f in check_folder(a.dest, reqs)["extra"]:
+        os.remove(os.path.join(a.dest, f))
+        print(f"removed {f} from {a.dest}: not in this set")
     total = sum(os.path.getsize(os.path.join(a.dest, f)) for f in os.listdir(a.dest))
     print(f"{len(os.listdir(a.dest))} wheels, {total / 2**20:.1f} MiB in {a.dest}")
     return 0
