@@ -10,6 +10,7 @@ import sys
 from areal_tik_plugin.runtime.source_checkout import devenv_dir
 
 STUBS = devenv_dir("areal_gpu_stubs", required=True)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CHILD = r"""
 import ray
@@ -101,17 +102,39 @@ sl.commit(0, 0, 0, {"ppo_actor/task_reward/avg": 0.5})
 sl.close()
 cfg.stats_logger.wandb.mode = "offline"
 raises(RuntimeError, lambda: StatsLogger(cfg, FinetuneSpec(total_train_epochs=1, dataset_size=4, train_batch_size=2)))
+
+# the gsm8k-e2e step's import chain on the stand-ins (ray's too, as on the GPU machine): the recipe's own
+# imports, its workflow and reward, the plugin's wrapper, summary and `tik compare` on local JSONL runs
+import json, runpy, sys
+runpy.run_path(os.path.join(ROOT, "recipes", "gsm8k_rl.py"), run_name="imports_only")
+import areal.reward.gsm8k, areal.trainer.rl_trainer, areal.workflow.rlvr  # noqa: E401
+import areal_tik_plugin.integrations.areal.hooks, areal_tik_plugin.integrations.areal.summary  # noqa: E401
+import areal_tik_plugin.run  # noqa: F401
+from areal_tik_plugin import cli
+runs = []
+for mode in ("baseline", "tik"):
+    runs.append(os.path.join(root, f"{mode}.jsonl"))
+    with open(runs[-1], "w") as f:
+        f.write(json.dumps({"meta": {"experiment_name": "c", "recipe": {"mode": mode}}}) + "\n")
+        for step in range(3):
+            f.write(json.dumps({"step": step, "tik/throughput/response_tokens": 100.0, "tik/throughput/step_wall_s": 1.0,
+                                "ppo_actor/task_reward/avg": 0.5}) + "\n")
+assert cli.main(["compare", *runs, "-o", os.path.join(root, "cmp")]) == 0
+assert "| c |" in open(os.path.join(root, "cmp", "report.md")).read()
+real = [m for m in sys.modules if m.split(".")[0] in ("wandb", "ray")
+        and not (getattr(sys.modules[m], "__file__", None) or STUBS).startswith(STUBS)]
+assert not real, real
 print("WANDB-STUB-OK")
 """
 
 
-def test_wandb_stub_disabled_mode_only_and_areal_stats_logger_runs_on_it():
+def test_wandb_stub_disabled_mode_only_and_the_gsm8k_chain_runs_on_it():
     from areal_tik_plugin.integrations.areal.env import cpu_stub_paths
 
     # STUBS first: the CPU venv has the real wandb, which the stand-in must shadow here
     path = [STUBS, *cpu_stub_paths(), os.environ.get("PYTHONPATH", "")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
-    r = subprocess.run([sys.executable, "-c", f"STUBS = {STUBS!r}\n" + WANDB_CHILD], env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", f"STUBS, ROOT = {STUBS!r}, {ROOT!r}\n" + WANDB_CHILD], env=env,
+                       capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert "WANDB-STUB-OK" in r.stdout, r.stdout + r.stderr

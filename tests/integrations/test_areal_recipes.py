@@ -140,6 +140,8 @@ def test_gpu_e2e_cell(tmp_path, monkeypatch):
         assert cfg.actor.weight_update_mode == "xccl" and cfg.cluster.n_gpus_per_node == 2
         assert cfg.actor.attn_impl == TrainEngineConfig.__dataclass_fields__["attn_impl"].default == "flash_attention_2"
         assert cfg.total_train_steps - 1 >= 20
+        # the GPU carry has no wandb: its stand-in (devenv/areal_gpu_stubs/wandb) serves the disabled mode only
+        assert cfg.stats_logger.wandb.mode == "disabled"
         rows = sum(1 for _ in open(os.path.join(ROOT, "tests", "data", "gsm8k_tiny", "main", "train-00000-of-00001.jsonl")))
         assert cfg.total_train_epochs * (rows // cfg.train_dataset.batch_size) >= cfg.total_train_steps
     cfg, _, _ = compose({"model": "gpu-e2e-qwen3", "algorithm": "grpo", "staleness": "s0", "mode": "baseline",

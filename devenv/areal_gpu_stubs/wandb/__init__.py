@@ -13,8 +13,8 @@ Here ``init`` accepts only the disabled mode (the ``mode`` argument, else ``WAND
 resolves it) and returns a run that records nothing, as wandb's own disabled run does; ``log`` and
 ``finish`` are no-ops after it. Everything that would log for real -- ``init`` in any other mode,
 ``login``, ``log`` before ``init``, any other attribute, any ``wandb.*`` submodule -- raises an error
-that names the missing package. Put on PYTHONPATH only after the real site-packages, so it is used
-only where wandb is absent.
+that names the missing package. The GPU step scripts put this folder on PYTHONPATH after /tmp/site,
+where the carried wheels install, so a carried wandb wins; the H200 image has none of its own.
 """
 
 import importlib.abc
