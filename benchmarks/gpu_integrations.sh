@@ -48,6 +48,16 @@
 # (ops-quick: contract checks + --quick benchmark grid of --ops, a probe, not the evidence call)
 # (gsm8k: kind nvidia-h200-x2, wheels built with `devenv.areal_gpu_wheels .whl-areal --trainer`;
 #  about 150-200 s per mode, --gsm8k-limit 240 s each)
+# gsm8k-e2e, one call on kind nvidia-h200-x2, carry [".whl", ".whl-areal", ".whl-fi"], timeout 600:
+#   bash benchmarks/gpu_integrations.sh gsm8k-e2e
+#  built here with
+#   python -m devenv.sglang_wheels .whl                        # 34.4 MiB (SGLang trimmed + deps)
+#   python -m devenv.areal_gpu_wheels .whl-areal --trainer     #  4.7 MiB (AReaL + trainer deps, no wandb)
+#   python -m devenv.flashinfer_wheel .whl-fi --no-deps        # 13.4 MiB (FlashInfer trimmed)
+#  + the tracked tree 7.6 MiB = 60.1 MiB of the 64 MiB limit (3.9 MiB free), measured with
+#  `python -m devenv.carry --plan gsm8k-e2e` (which also refuses a stale wheel, e.g. wandb, left in a folder);
+#  the step prints the carry as it arrived. W&B is disabled in the GPU cells: wandb's import-only stand-in
+#  (devenv/areal_gpu_stubs/wandb) takes AReaL's init/log/finish in that mode and raises on anything else.
 # --dry-run counts every carried wheel as present, flash_attn as not importable and the model as absent.
 # Everything lands in $OUT/bundle.tgz (plus the step JSONs next to it); a short table per step on stdout.
 set -o pipefail
@@ -268,11 +278,14 @@ for step in "$@"; do
       head -12 "$W/host.log"; grep -A30 "ncalls" "$W/host.log" | cut -c1-150;;
     gsm8k-e2e)
       # the end-to-end cell (recipes/gsm8k/model/gpu-e2e-qwen3.yaml; kind nvidia-h200-x2, carry .whl, .whl-areal
-      # built with --trainer, .whl-fi): NCCL weight updates, AReaL's default FSDP attention (flash_attention_2;
+      # built with --trainer, .whl-fi built with --no-deps; W&B disabled, wandb's import-only stand-in in
+      # devenv/areal_gpu_stubs, metrics in tik_stats.jsonl; sizes in the header): NCCL weight updates, AReaL's default FSDP attention (flash_attention_2;
       # sdpa, said here, when flash_attn is not importable), 1 warm-up + 20 measured steps, baseline = stock SGLang
       # on FlashInfer attention with FlashInfer-served fused ops when FlashInfer is carried. Both modes in this
       # one step (--gsm8k-modes baseline / tik runs one per device call if both do not fit in 10 min).
       gsm8k_model_group=${gsm8k_model_group:-gpu-e2e-qwen3} gsm8k_limit=${gsm8k_limit:-540}
+      # what this call carried (there: as it arrived; with --dry-run: this checkout's, before the call)
+      python3 -m devenv.carry .whl .whl-areal .whl-fi || echo "carry over the device's limit (devenv/carry.py)"
       if [ $dry = 1 ] || ! python3 -c "import flash_attn" 2>/dev/null; then
         e2e_attn_impl=${e2e_attn_impl:-sdpa}
         echo "flash_attn not importable: FSDP attn_impl=$e2e_attn_impl (AReaL's default flash_attention_2 needs it)"
@@ -290,6 +303,9 @@ for step in "$@"; do
         # shellcheck disable=SC2086  # --gsm8k-build: words on purpose
         x timeout 200 python3 -m areal_tik_plugin.models "$gpu_model" qwen3 \
           $gsm8k_build >"$W/gsm8k-build.log" 2>&1 || { rc=1; tail -5 "$W/gsm8k-build.log"; }
+      fi
+      if [ $dry = 0 ]; then  # the carried wandb, else the stand-in for W&B-disabled runs (devenv/areal_gpu_stubs)
+        PYTHONPATH=$PYTHONPATH:$STUBS python3 -c "import wandb; print('wandb', wandb.__version__, wandb.__file__)"
       fi
       runs=
       for mode in $gsm8k_modes; do

@@ -173,7 +173,7 @@ def main(argv=None) -> int:
         return 1 if p["problems"] or p["headroom_bytes"] < MARGIN_BYTES else 0
     m = measure(a.root, a.folders)
     parts = [f"tree {_mib(m['tree_bytes'])} ({m['tree_files']} files, {m['tree_how']})"] + \
-        [f"{k} {_mib(v)}" for k, v in m["folders"].items()]
+        [f"{k} {_mib(v)}" if os.path.isdir(os.path.join(a.root, k)) else f"{k} absent" for k, v in m["folders"].items()]
     print(f"carry: {' + '.join(parts)} = {_mib(m['total_bytes'])} of {_mib(LIMIT_BYTES)} "
           f"({_mib(m['headroom_bytes'])} free)")
     return 0 if m["headroom_bytes"] >= 0 else 1
