@@ -135,7 +135,10 @@ def summary(impl, root: str | None = None) -> dict[str, Any]:
     # benchmark-only run checks nothing and decides nothing); benchmarks likewise from the newest run that has them
     order = sorted(recs, key=lambda r: (r.get("started") or "", r["_path"]))
     for op in ops_declared:
-        checked = [r for r in order if r.get("ops", {}).get(op, {}).get("checks")]
+        # an unfinished run (contract suite cut by its time limit: complete false) decides only by a failure
+        checked = [r for r in order if r.get("ops", {}).get(op, {}).get("checks")
+                   and (r["ops"][op].get("complete", True)
+                        or not all(c.get("passed") for c in r["ops"][op]["checks"]))]
         benched = [r for r in order if r.get("ops", {}).get(op, {}).get("bench_summary")]
         files = [os.path.relpath(r["_path"], os.path.dirname(root or repo_evidence_dir()))
                  for r in order if op in r.get("ops", {})]

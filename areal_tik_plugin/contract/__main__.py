@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 import time
 
@@ -46,6 +47,25 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (the call's time limit)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def _write_op(evidence, path, record, op, rec, t0, complete: bool = True, phase: str = "") -> None:
+    """The op's record so far. ``complete: false`` (with ``phase``): the checks of an unfinished run never
+    make an op pass (evidence.summary), though a failure in them still counts."""
+    record["ops"][op] = rec.to_json()
+    record["ops"][op]["seconds"] = round(time.time() - t0, 1)
+    if not complete:
+        record["ops"][op]["complete"] = False
+        record["ops"][op]["phase"] = phase
+    evidence.write_record(path, record)
+
+
 def main(argv=None) -> int:
     from areal_tik_plugin import evidence
     from areal_tik_plugin.runtime import loader
@@ -74,17 +94,26 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     path = evidence.record_path(args.out, impl, ops)
     table = []
+    # a device call ends with SIGTERM (timeout): what ran so far is written, marked incomplete, instead of
+    # nothing; BaseException, so the recorder's per-check `except Exception` does not swallow it
+    signal.signal(signal.SIGTERM, _terminate)
     for op in ops:
         mod = importlib.import_module(OP_MODULES[op])
         rec = Recorder(op)
         t0 = time.time()
-        if not args.no_checks:
-            rec.run(f"{op}.checks", mod.run_checks, rec, args.quick)
-        if not args.no_bench:
-            rec.run(f"{op}.bench", mod.run_bench, rec, args.quick or args.quick_bench)
-        record["ops"][op] = rec.to_json()
-        record["ops"][op]["seconds"] = round(time.time() - t0, 1)
-        evidence.write_record(path, record)  # after each op: keep partial results if a later op dies
+        phase = f"{op}.checks"
+        try:
+            if not args.no_checks:
+                rec.run(phase, mod.run_checks, rec, args.quick)
+                _write_op(evidence, path, record, op, rec, t0, complete=False, phase="checks done")
+            phase = f"{op}.bench"
+            if not args.no_bench:
+                rec.run(phase, mod.run_bench, rec, args.quick or args.quick_bench)
+        except Terminated:
+            _write_op(evidence, path, record, op, rec, t0, complete=False, phase=f"terminated during {phase}")
+            print(f"terminated during {phase}: partial evidence in {path}", file=sys.stderr)
+            return 124
+        _write_op(evidence, path, record, op, rec, t0)  # after each op: keep results if a later op dies
         npass = sum(c["passed"] for c in rec.checks)
         table.append((op, npass, len(rec.checks) - npass, rec.bench_summary, round(time.time() - t0, 1)))
         for e in rec.errors:

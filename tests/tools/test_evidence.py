@@ -298,3 +298,42 @@ def test_cli_bad_input_is_a_message_and_exit_2(capsys, tmp_path):
     assert "checkpoint folder (with config.json)" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "missing")]) == 2
     assert "no such run source" in capsys.readouterr().err
+
+
+def test_an_unfinished_run_never_passes_an_op_but_its_failures_count(tmp_path, impl):
+    """The contract suite cut by its call's time limit writes what ran, ``complete: false``: passing
+    checks of such a run do not supersede an older failure or make an unchecked op pass; a failure in it
+    still fails the op."""
+    def passing(r):
+        r.check("rows", True, kind="bitwise")
+
+    def failing(r):
+        r.check("rows", False, kind="bitwise")
+
+    _write(tmp_path, impl, {"gemm": failing}, started="2026-01-01T00:00:00Z", tag="a")
+    for tag, ops, when in (("b", {"gemm": passing, "rope": passing}, "2026-01-02T00:00:00Z"),
+                           ("c", {"moe": failing}, "2026-01-03T00:00:00Z")):
+        p = _write(tmp_path, impl, ops, started=when, tag=tag)
+        with open(p) as f:
+            rec = json.load(f)
+        for op in rec["ops"]:
+            rec["ops"][op].update(complete=False, phase="terminated during checks")
+        evidence.write_record(p, rec)
+    ops = evidence.summary(impl, root=str(tmp_path))["ops"]
+    assert not ops["gemm"]["ok"] and ops["gemm"]["checks_file"].endswith("-gemm-a.json")
+    assert not ops["rope"]["ok"] and ops["rope"]["checks_file"] is None
+    assert not ops["moe"]["ok"] and ops["moe"]["checks_failed"] == 1
+
+
+def test_the_suite_writes_what_ran_when_terminated():
+    """SIGTERM (the device call's limit) is a BaseException: the recorder's per-check guard does not
+    swallow it, so the suite's handler writes the partial record."""
+    import pytest
+
+    from areal_tik_plugin.contract import __main__ as M
+    from areal_tik_plugin.contract.suite import Recorder
+
+    rec = Recorder("attention")
+    with pytest.raises(M.Terminated):
+        rec.run("attention.checks", M._terminate, 15, None)
+    assert rec.checks == []
