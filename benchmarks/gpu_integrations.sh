@@ -54,7 +54,7 @@
 #   python -m devenv.sglang_wheels .whl                        # 34.4 MiB (SGLang trimmed + deps)
 #   python -m devenv.areal_gpu_wheels .whl-areal --trainer     #  4.7 MiB (AReaL + trainer deps, no wandb)
 #   python -m devenv.flashinfer_wheel .whl-fi --no-deps        # 13.4 MiB (FlashInfer trimmed)
-#  + the tracked tree 7.6 MiB = 60.1 MiB of the 64 MiB limit (3.9 MiB free), measured with
+#  + the tracked tree 7.7 MiB = 60.1 MiB of the 64 MiB limit (3.9 MiB free), measured with
 #  `python -m devenv.carry --plan gsm8k-e2e` (which also refuses a stale wheel, e.g. wandb, left in a folder);
 #  the step prints the carry as it arrived. W&B is disabled in the GPU cells: wandb's import-only stand-in
 #  (devenv/areal_gpu_stubs/wandb) takes AReaL's init/log/finish in that mode and raises on anything else.
