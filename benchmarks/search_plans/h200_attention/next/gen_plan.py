@@ -27,8 +27,8 @@ RISKS = {
            "(PREFILL_STAGES is a free knob of tik_v2, KNOBS['free']).",
 }
 EFFECT = {
-    "lpt2": "prefill/train: the heads-first LPT order where it won in E0003 (L <= 4224: 1.02-1.34x, b1 cells "
-            "1.15-1.34x) and the parent's head-major order with reversed query blocks at L >= 8192 (where heads "
+    "lpt2": "prefill/train: the heads-first LPT order at L <= 4224 (E0003 there: 1.02-1.34x at b1 / b4 and at "
+            "L4096 / 4224, 0.965-0.98x at L 1K with b >= 8) and the parent's head-major order with reversed query blocks at L >= 8192 (where heads "
             "first lost 3-4.5 %: its working set, all kv heads of one sequence, is 32 MiB). From E0001/E0003 "
             "latencies: T x1.029 if the L >= 8192 cells stay at tik_v2's times (x1.032 if every cell took the "
             "faster of the two orders).",
