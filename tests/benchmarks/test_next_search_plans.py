@@ -49,9 +49,11 @@ def test_next_plan_is_generated_valid_and_applies_to_its_root(tmp_path, folder, 
             opps += s[b].get("opportunities") or []
     for o in opps:
         assert set(o["target_workloads"]) <= names and set(o["entry_points"]) <= entries, o["key"]
+    if name == "cpu_plan":
+        return  # the same edit chains as plan.yaml (one generator; the comparison above holds it)
     mat = _load(PLANS / "h200_attention" / "materialize.py", f"_next_mat_{folder}")
     mat.ROOT = str(ROOT / "kernels" / root)
     base = mat.build([])
-    for s in plan["steps"]:
-        files = mat.build([str(here / e) for e in mat.lineage(plan, s["opportunity"])])
-        assert files[src] != base[src] and set(files) == set(base), s["opportunity"]
+    for chain in {tuple(mat.lineage(plan, s["opportunity"])) for s in plan["steps"]}:
+        files = mat.build([str(here / e) for e in chain])
+        assert files[src] != base[src] and set(files) == set(base), chain
