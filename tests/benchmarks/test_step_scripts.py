@@ -52,6 +52,13 @@ def test_integrations_refuses_options_after_steps_and_bad_numbers(tmp_path):
     r = sh("gpu_search.sh", "h200-knobs", "60", out=tmp_path, IMPL="tik_v0_absent")
     assert r.returncode == 2 and "IMPL: expected a name under kernels/ or a folder, got tik_v0_absent" in r.stderr
     assert not os.path.exists(tmp_path / "pip.log")
+    plan = "benchmarks/search_plans/h200_attention/next/plan.yaml"  # written for the root tik_v2
+    r = sh("gpu_search.sh", "h200-knobs", "60", "--driver", "plan", "--plan", plan, out=tmp_path, IMPL="tik_v1")
+    assert r.returncode == 2 and "written for the root tik_v2" in r.stderr
+    (tmp_path / "p.yaml").write_text("root: tik_v0_absent\nsteps: []\n")  # IMPL unset: the plan's root is taken
+    r = sh("gpu_search.sh", "h200-knobs", "60", "--driver", "plan", f"--plan={tmp_path / 'p.yaml'}", out=tmp_path)
+    assert r.returncode == 2 and "got tik_v0_absent" in r.stderr
+    assert not os.path.exists(tmp_path / "pip.log")
 
 
 def _integrations_defaults(W):

@@ -128,7 +128,7 @@ def plan(tw):
         last("st3.lpt.S", "root"),
         last("st3.lpt.F", "root"),
     ]
-    return {"initial": initial, "steps": steps}
+    return {"root": "tik_v2", "initial": initial, "steps": steps}
 
 
 def write(path, tw):

@@ -129,7 +129,7 @@ def plan(tw):
                      "tile at M=1024; every verified regression is archived, not built on",
         "opportunities": [opp("partial_tma", "s1", tw, ["root"])],
     }
-    return {"initial": initial, "steps": steps}
+    return {"root": "tik_v1", "initial": initial, "steps": steps}
 
 
 def write(path, tw):
