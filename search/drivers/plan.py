@@ -12,6 +12,8 @@ the agent reads the audits and writes the next plan for the same run directory (
 
 Plan file (YAML or JSON; ``edits`` / ``from_dir`` paths are relative to the plan file)::
 
+    root: tik_v2                   # optional: the root implementation the plan is written for (checked
+                                   # against the run's; benchmarks/gpu_search.sh takes it as IMPL's default)
     initial:                       # the root's lineage decision (used only right after `init`)
       interpretation: "..."
       rationale: "..."
@@ -89,6 +91,8 @@ def _check_keys(where: str, obj: Any, allowed: tuple) -> None:
 def validate_plan(plan: dict[str, Any], base_dir: str) -> None:
     """Static checks before anything is recorded: fields, keys, files, branch decisions."""
     keys = set()
+    if "root" in plan and not (isinstance(plan["root"], str) and plan["root"]):
+        raise PlanError(f"root: expected the name of the root implementation, got {plan['root']!r}")
     init = plan.get("initial")
     if init is not None:
         _check_keys("initial", init, ("interpretation", "rationale", "opportunities"))
@@ -179,6 +183,10 @@ class PlanDriver:
         init = self.plan.get("initial")
         if not init:
             raise PlanError(f"{self.path}: the run is right after init, so the plan needs 'initial' (O_0)")
+        want, got = self.plan.get("root"), run.meta.get("root_name")
+        if want and want != got:
+            raise PlanError(f"{self.path}: written for the root {want!r}, but this run's root is {got!r} "
+                            f"(a new run takes its root from --impl)")
         au = run.audits["E0000"]
         return run.decide(decision="CONTINUE",
                           interpretation=(init.get("interpretation") or "") + " | " + self._facts(run, au),

@@ -16,8 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPTS = ("gpu_integrations.sh", "gpu_baselines.sh", "gpu_search.sh", "gpu_verify.sh", "gpu_run.sh", "gpu_final.sh")
 
 
-def sh(script, *args, out):
-    env = {**os.environ, "OUT": str(out), "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+def sh(script, *args, out, **extra_env):
+    env = {**os.environ, **extra_env, "OUT": str(out), "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     return subprocess.run(["bash", os.path.join(ROOT, "benchmarks", script), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 
@@ -49,6 +49,16 @@ def test_integrations_refuses_options_after_steps_and_bad_numbers(tmp_path):
     assert r.returncode == 2 and "expected quick, full, verify or bench" in r.stderr
     r = sh("gpu_search.sh", "h200-knobs", "soon", out=tmp_path)
     assert r.returncode == 2 and "TIME_BUDGET_S: expected seconds" in r.stderr
+    r = sh("gpu_search.sh", "h200-knobs", "60", out=tmp_path, IMPL="tik_v0_absent")
+    assert r.returncode == 2 and "IMPL: expected a name under kernels/ or a folder, got tik_v0_absent" in r.stderr
+    assert not os.path.exists(tmp_path / "pip.log")
+    plan = "benchmarks/search_plans/h200_attention/next/plan.yaml"  # written for the root tik_v2
+    r = sh("gpu_search.sh", "h200-knobs", "60", "--driver", "plan", "--plan", plan, out=tmp_path, IMPL="tik_v1")
+    assert r.returncode == 2 and "written for the root tik_v2" in r.stderr
+    (tmp_path / "p.yaml").write_text("root: tik_v0_absent\nsteps: []\n")  # IMPL unset: the plan's root is taken
+    r = sh("gpu_search.sh", "h200-knobs", "60", "--driver", "plan", f"--plan={tmp_path / 'p.yaml'}", out=tmp_path)
+    assert r.returncode == 2 and "got tik_v0_absent" in r.stderr
+    assert not os.path.exists(tmp_path / "pip.log")
 
 
 def _integrations_defaults(W):

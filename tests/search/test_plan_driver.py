@@ -107,6 +107,7 @@ def test_plan_plays_actions_branches_skips_and_resumes(files, tmp_path):
     ({"steps": [{"opportunity": "a", "edits": "row16.edits", "on_failed": {"decision": "CONTINUE"}}]},
      "only ABANDON or RETRY"),
     ({"initial": {"opportunities": [_opp("a"), _opp("a")]}, "steps": []}, "used twice"),
+    ({"root": 2, "steps": []}, "root: expected the name"),
 ])
 def test_malformed_plans_are_refused_by_name(files, tmp_path, bad, msg):
     with pytest.raises(PlanError, match=msg):
@@ -140,5 +141,17 @@ def test_a_verified_regression_takes_the_slower_branch(files, tmp_path):
         assert [d.decision for d in decs] == ["CONTINUE", "CONTINUE", "ARCHIVE"]
         assert decs[2].interpretation.startswith("slower | audit E0002: ok")
         assert len(run.actions) == 2 and out["stopped"]["reason"]
+    finally:
+        run.close()
+
+
+def test_a_plan_for_another_root_stops_before_its_first_decision(files, tmp_path):
+    plan = {"root": "tik_v9", "initial": {"interpretation": "i", "rationale": "r", "opportunities": [_opp("row16")]},
+            "steps": [{"opportunity": "row16", "parents": ["root"], "edits": "row16.edits", "kind": "full_sequence"}]}
+    run = _run(tmp_path, kappa_max=20, max_steps=30)
+    try:
+        with pytest.raises(PlanError, match="written for the root 'tik_v9', but this run's root is"):
+            engine.run_search(run, PlanDriver(_write(tmp_path, "p.yaml", plan)), FakeEvaluator())
+        assert not run.actions and not run.decisions
     finally:
         run.close()

@@ -3,7 +3,9 @@ packed varlen prefill (sequences packed back to back, so masked tiles of the TMA
 sequence's keys) with and without the LSE, and paged decode of the last row of each sequence.
 
 Usage: ``TRITON_INTERPRET=1 python benchmarks/search_plans/h200_attention/bits_vs_root.py CANDIDATE_DIR
-[--numerics-changed] [--fma64]``: with the flag (a candidate that changes shared numerics on every path, e.g. the fma
+[--numerics-changed] [--fma64] [--set NAME=INT ...]``: the root is kernels/tik_v1, or the folder in
+$TIK_PLAN_ROOT; ``--set`` sets an integer module constant of the candidate's attention.py first (e.g.
+PREFILL_HEADS_FIRST_KV_BYTES=0 takes the other grid order at these small shapes). With the flag (a candidate that changes shared numerics on every path, e.g. the fma
 shift) equality with the root is reported, not required; prefill == decode of the candidate always is.
 """
 
@@ -15,7 +17,7 @@ import sys
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.join(HERE, "..", "..", "..", "kernels", "tik_v1")
+ROOT = os.environ.get("TIK_PLAN_ROOT") or os.path.join(HERE, "..", "..", "..", "kernels", "tik_v1")
 
 
 def load(path, pkg):
@@ -44,6 +46,13 @@ def main(argv):
             z.dtype.scalar)
 
     root, cand = load(ROOT, "_bits_root"), load(argv[0], "_bits_cand")
+    sets = [a for i, a in enumerate(argv) if i > 0 and argv[i - 1] == "--set"]
+    for a in sets:
+        name, _, val = a.partition("=")
+        if not hasattr(cand, name):
+            raise SystemExit(f"--set {a}: the candidate's attention.py has no {name}")
+        setattr(cand, name, int(val))
+        print(f"candidate {name} = {int(val)}")
     changed = "--numerics-changed" in argv[1:]
     torch.manual_seed(0)
     Hq, Hkv, D = 4, 2, 64

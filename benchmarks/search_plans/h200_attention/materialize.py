@@ -4,7 +4,8 @@ SEARCH/REPLACE edit files applied in order (what the search builds for a chained
 Usage:
   python benchmarks/search_plans/h200_attention/materialize.py OUT_DIR EDITS [EDITS ...]
   python benchmarks/search_plans/h200_attention/materialize.py OUT_DIR --step KEY [--plan plan.yaml]
-(root: kernels/tik_v1; OUT_DIR is replaced; --step applies the edits of KEY's lineage in the plan).
+(root: kernels/tik_v1, or the folder in $TIK_PLAN_ROOT, e.g. kernels/tik_v2 for next/plan.yaml; OUT_DIR is
+replaced; --step applies the edits of KEY's lineage in the plan).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import shutil
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.join(HERE, "..", "..", "..", "kernels", "tik_v1")
+ROOT = os.environ.get("TIK_PLAN_ROOT") or os.path.join(HERE, "..", "..", "..", "kernels", "tik_v1")
 
 
 def lineage(plan: dict, key: str) -> list[str]:
