@@ -15,6 +15,22 @@ from tests.megatron import _mg  # noqa: F401  (skips without megatron-core)
 from benchmarks import megatron_bench as B
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _own_process_group():
+    """The bench initializes torch.distributed and megatron-core's parallel state in this process; later
+    test modules (e.g. the FSDP tests) start their own default group, so what this module started ends
+    with it."""
+    import torch.distributed as dist
+
+    was = dist.is_available() and dist.is_initialized()
+    yield
+    if not was and dist.is_initialized():
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
 @pytest.fixture
 def cpu_local_spec(monkeypatch):
     """megatron-core's local spec on CPU: its rotary table goes to torch.cuda.current_device(), its
