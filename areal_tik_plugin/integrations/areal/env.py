@@ -11,8 +11,16 @@ def areal_stub_path() -> str | None:
     real package is absent (else None)."""
     from areal_tik_plugin.runtime.source_checkout import devenv_dir
 
-    if importlib.util.find_spec("swanlab") is None or importlib.util.find_spec("trackio") is None:
-        return devenv_dir("areal_cpu_stubs")
+    stubs = devenv_dir("areal_cpu_stubs")
+
+    def real(name: str) -> bool:
+        # the stub itself on sys.path (put there by an earlier in-process caller) is not the package
+        spec = importlib.util.find_spec(name)
+        origin = os.path.abspath(spec.origin) if spec is not None and spec.origin else ""
+        return spec is not None and not (stubs and origin.startswith(os.path.abspath(stubs) + os.sep))
+
+    if not real("swanlab") or not real("trackio"):
+        return stubs
     return None
 
 
