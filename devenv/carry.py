@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import zipfile
+
+from devenv.megatron_wheels import _norm, parse_wheel_name
 
 LIMIT_BYTES = 64 * 2**20
 # what the e2e step should leave free: the tree grows with committed evidence between builds and calls
@@ -62,14 +63,9 @@ def measure(root: str, folders: list[str]) -> dict:
 
 
 # -- planned carries ------------------------------------------------------------------------------
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
 def wheel_key(filename: str) -> tuple[str, str]:
     """(normalized name, version) of a wheel file name."""
-    name, version = os.path.basename(filename).split("-")[:2]
-    return _norm(name), version
+    return parse_wheel_name(os.path.basename(filename))
 
 
 def _sglang_set() -> list[str]:
