@@ -33,6 +33,7 @@ from typing import Any
 
 from areal_tik_plugin.runtime import loader
 from areal_tik_plugin.search import edits as E
+from areal_tik_plugin.search.export import EVIDENCE_FILE
 from areal_tik_plugin.search import ir
 from areal_tik_plugin.search import spec as S
 
@@ -571,6 +572,13 @@ class Run:
                     os.unlink(p)
             man = loader.read_manifest(tmp)
             parent_name = man.get("name")
+            # an offspring of an exported root is a new, unaudited implementation: its audit is the one
+            # this step runs, so the export's evidence gate (and the parent's audits, whose hash is not
+            # this one) do not come along; a loader gate here would refuse every candidate on the GPU
+            man.pop("evidence_required", None)
+            stale = os.path.join(tmp, EVIDENCE_FILE)
+            if os.path.exists(stale):
+                os.unlink(stale)
             man.update({
                 "name": name,
                 "parent": parent_name,

@@ -91,6 +91,43 @@ def test_export_then_load_and_select(toy_run, monkeypatch):
         TikConfig.from_overrides([f"tik.implementation={os.path.join(tmp, 'missing')}"])
 
 
+def test_offspring_of_an_exported_root_is_audited_not_gated(toy_run, tmp_path, monkeypatch):
+    """A run rooted at an export: the root keeps its evidence gate, an offspring (a new hash, audited by
+    the step itself) drops it, so the evaluator can load it on a GPU."""
+    rdir, tmp = toy_run
+    dest = os.path.join(tmp, "kernels")
+    path = os.path.join(dest, "toy_fast")
+    if not os.path.isdir(path):
+        assert main(["search", "export", rdir, "--name", "toy_fast", "--dest", dest]) == 0
+    with open(os.path.join(SPECS_DIR, "cpu_toy.yaml")) as f:
+        s = yaml.safe_load(f)
+    s["workloads"] = s["workloads"][:2]
+    sp = str(tmp_path / "spec.yaml")
+    with open(sp, "w") as f:
+        yaml.safe_dump(s, f)
+    run = Run.create(str(tmp_path / "run2"), sp, path)
+    try:
+        assert loader.read_manifest(run.impl_dir("I0000"))["evidence_required"] == "search_audit"
+        run.initialize(__import__("areal_tik_plugin.search.evaluator", fromlist=["Evaluator"]).Evaluator())
+        run.decide(decision="CONTINUE", interpretation="root", rationale="r",
+                   new_opportunities=[{"mechanism": "STEP_BLOCK", "entry_points": ["toy.step"]}])
+        run.record_action(opportunity=run.state().pending[0], parents=["I0000"], kind="decode",
+                          edits=[{"file": "toy.py", "search": "STEP_BLOCK = 1 ", "replace": "STEP_BLOCK = 4 "}])
+        child = run.impl_dir("I0001")
+    finally:
+        run.close()
+    man = loader.read_manifest(child)
+    assert "evidence_required" not in man and man["parent"] == "toy_fast"
+    assert not os.path.exists(os.path.join(child, EVIDENCE_FILE))
+    assert man["source_hash"] == loader.compute_source_hash(child)
+    # what the loader does on an H200 for this folder: no gate; the export itself stays gated there
+    monkeypatch.setattr(loader, "device_arch", lambda: "sm_90")
+    monkeypatch.delenv("TIK_FORCE_IMPLEMENTATION", raising=False)
+    loader.load_implementation(child)
+    with pytest.raises(loader.ImplementationError, match="no passing search audit .* on sm_90"):
+        loader.load_implementation(path)
+
+
 def test_export_refuses_revoked(toy_run):
     rdir, tmp = toy_run
     run = Run.open(rdir)
