@@ -16,6 +16,7 @@ Usage: ``python benchmarks/compile_attention_sm90.py [--impl DIR] [--json OUT.js
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -113,6 +114,7 @@ def cases(attn, torch):
     lens = torch.full((4,), 4096, dtype=torch.int32)
     rows4 = torch.zeros(4, dtype=torch.int32)
     table4 = torch.zeros(4, 4096, dtype=torch.int32)
+    lse = torch.empty(Hq, T, dtype=torch.float32)
     return [
         ("prefill", lambda: attn.prefill(q, k, k, cu, T, scale)),
         ("prefill+lse", lambda: attn.prefill(q, k, k, cu, T, scale, return_lse=True)),
@@ -122,7 +124,10 @@ def cases(attn, torch):
                                               scale, page_size=16)),
         ("decode page1", lambda: attn.decode(qd, pool, pool, lens, table4, rows4, scale, 1, 4096)),
         ("decode page16", lambda: attn.decode(qd, pool, pool, lens, table4, rows4, scale, 16, 4096)),
-    ]
+        ("backward", lambda: attn.prefill_backward(q, q, k, k, q, lse, cu, T, scale)),
+    ] + ([("backward per-head", lambda: attn.prefill_backward(q, q, k, k, q, lse, cu, T, scale,
+                                                              config={"per_head": True}))]
+         if "config" in inspect.signature(attn.prefill_backward).parameters else [])
 
 
 def main(argv=None) -> int:
