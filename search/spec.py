@@ -19,7 +19,9 @@ import json
 import os
 from typing import Any
 
-ENTRY_KINDS = ("full_sequence", "decode")
+# full_sequence: rollout prefill / extend and the training forward; decode: one token per request over the
+# KV cache; train_fwd_bwd: the training step, forward with log-sum-exp then backward (dq, dk, dv)
+ENTRY_KINDS = ("full_sequence", "decode", "train_fwd_bwd")
 
 
 class SpecError(ValueError):
@@ -138,6 +140,25 @@ def validate(spec: Any, where: str = "spec") -> None:
         missing = names - set(base["latencies_us"])
         if missing:
             raise SpecError(f"{where}.baseline.latencies_us: missing workloads {sorted(missing)}")
+
+
+def check_runner(spec: dict[str, Any]) -> None:
+    """The spec's runner checks what only it knows (entry points it can call, shape keys, suite names)
+    through its optional ``check_spec(spec)``; a ``ValueError`` there becomes a :class:`SpecError`, so a
+    spec the runner cannot run is refused before a run directory or a worker exists."""
+    from areal_tik_plugin.search.runners import load_runner
+
+    try:
+        runner = load_runner(spec["runner"])
+    except ImportError as e:
+        raise SpecError(f"runner: expected an importable runner module, got {spec['runner']!r} ({e})") from e
+    fn = getattr(runner, "check_spec", None)
+    if fn is None:
+        return
+    try:
+        fn(spec)
+    except ValueError as e:
+        raise SpecError(f"spec {spec.get('name')!r} (runner {spec['runner']}): {e}") from e
 
 
 def freeze(spec: dict[str, Any], *, quick: bool = False) -> dict[str, Any]:

@@ -202,8 +202,9 @@ class Run:
         root = os.path.abspath(root)
         if os.path.exists(os.path.join(root, "run.json")):
             raise RunError(f"{root} already holds a run; open it (resume) instead of creating it")
-        os.makedirs(root, exist_ok=True)
         spec = S.freeze(S.load(spec_path), quick=quick)
+        S.check_runner(spec)
+        os.makedirs(root, exist_ok=True)
         src = loader.resolve_path(implementation)
         man = loader.read_manifest(src)
         actual = loader.compute_source_hash(src)

@@ -40,6 +40,8 @@ def workloads_of(run, entry_points: list[str]) -> list[str]:
 
 def action_kind(run, entry_points: list[str]) -> str:
     kinds = {run.spec["entry_points"][e] for e in entry_points if e in run.spec["entry_points"]}
+    # the training step's forward and backward are full-sequence paths (no KV cache, whole sequences)
+    kinds = {"full_sequence" if k == "train_fwd_bwd" else k for k in kinds}
     if kinds == {"full_sequence"}:
         return "full_sequence"
     if kinds == {"decode"}:

@@ -249,7 +249,7 @@ class LLMDriver:
         au = run.audits["E0000"]
         shares = D.workload_shares(run, au.latencies_us)
         opps = []
-        for kind in ("full_sequence", "decode"):
+        for kind in ("full_sequence", "decode", "train_fwd_bwd"):
             eps = [e for e, k in run.spec["entry_points"].items() if k == kind]
             if not eps:
                 continue
