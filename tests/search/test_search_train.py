@@ -21,8 +21,8 @@ from areal_tik_plugin.search.state import Run
 
 SMOKE = os.path.join(SPECS_DIR, "cpu_attention_train_smoke.yaml")
 RETURN = "    return dq, dk, dv\n"
-# wrong by 5 %: above the contract's bf16 gradient tolerance (2e-2 relative L2; tik_v2 is at ~3e-3 here)
-SCALED = "    return dq * 1.05, dk, dv\n"
+# wrong by 1 %: above the training specs' gradient tolerance (8e-3 relative L2; tik_v2 is at ~3e-3 here)
+SCALED = "    return dq * 1.01, dk, dv\n"
 # about one bf16 ulp on half the elements, a new draw per call: accurate, but not the same bits twice
 NOISY = "    return dq + (torch.rand_like(dq, dtype=torch.float32) < 0.5).to(dq.dtype) * dq * 2 ** -7, dk, dv\n"
 
