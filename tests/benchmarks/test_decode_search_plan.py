@@ -30,13 +30,10 @@ def _gen():
 
 
 def _lineage(plan, key):
-    by_key = {s["opportunity"]: s for s in plan["steps"]}
-    out = []
-    while key != "root":
-        s = by_key[key]
-        out.append(s["edits"])
-        (key,) = s["parents"]
-    return out[::-1]
+    spec = importlib.util.spec_from_file_location("_decode_mat", HERE.parent / "h200_attention" / "materialize.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.lineage(plan, key)
 
 
 def _functions(src):

@@ -29,14 +29,25 @@ def lineage(plan: dict, key: str) -> list[str]:
     return out[::-1]
 
 
-def build(chain: list[str]) -> dict[str, str]:
+def build(chain: list[str], root: str | None = None) -> dict[str, str]:
+    """The files of ``root`` (default ROOT) with the edit files of ``chain`` applied in order."""
     from areal_tik_plugin.search import edits as E
 
-    files = E.read_files(ROOT)
+    files = E.read_files(root or ROOT)
     for p in chain:
         with open(p) as f:
             files = E.apply_edits(files, E.parse_search_replace(f.read()))
     return files
+
+
+def write(files: dict[str, str], out: str) -> None:
+    """``files`` as the tree ``out`` (replaced)."""
+    shutil.rmtree(out, ignore_errors=True)
+    for rel, text in files.items():
+        dst = os.path.join(out, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        with open(dst, "w") as f:
+            f.write(text)
 
 
 def main(argv: list[str]) -> int:
@@ -48,13 +59,7 @@ def main(argv: list[str]) -> int:
         with open(plan_path) as f:
             plan = yaml.safe_load(f)
         rest = [os.path.join(os.path.dirname(plan_path), e) for e in lineage(plan, rest[1])]
-    files = build(rest)
-    shutil.rmtree(out, ignore_errors=True)
-    for rel, text in files.items():
-        dst = os.path.join(out, rel)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        with open(dst, "w") as f:
-            f.write(text)
+    write(build(rest), out)
     print(f"{out}: root + {len(rest)} edit file(s): {', '.join(os.path.basename(r) for r in rest) or '-'}")
     return 0
 

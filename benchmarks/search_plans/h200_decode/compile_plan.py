@@ -27,28 +27,24 @@ SMEM_SM = 228 * 1024
 TILE_BYTES = 64 * 128 * 2 * 2  # one K + V tile of 64 keys x D 128, bf16
 
 
+def _materialize():
+    """The attention plans' tree builder (benchmarks/search_plans/h200_attention/materialize.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_tik_plan_materialize", os.path.join(HERE, "..", "h200_attention", "materialize.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def lineage(plan: dict, key: str) -> list[str]:
-    by_key = {s["opportunity"]: s for s in plan["steps"]}
-    out = []
-    while key != "root":
-        s = by_key[key]
-        out.append(s["edits"])
-        (key,) = s["parents"]
-    return out[::-1]
+    return _materialize().lineage(plan, key)
 
 
 def build(chain: list[str], dest: str) -> None:
-    from areal_tik_plugin.search import edits as E
-
-    files = E.read_files(ROOT)
-    for p in chain:
-        with open(os.path.join(HERE, p)) as f:
-            files = E.apply_edits(files, E.parse_search_replace(f.read()))
-    for rel, text in files.items():
-        d = os.path.join(dest, rel)
-        os.makedirs(os.path.dirname(d), exist_ok=True)
-        with open(d, "w") as f:
-            f.write(text)
+    m = _materialize()
+    m.write(m.build([os.path.join(HERE, p) for p in chain], root=ROOT), dest)
 
 
 def compile_tree(impl: str) -> tuple[dict, list[str]]:
