@@ -211,11 +211,16 @@ def _train_bits(ctx, tag, q, k, v, do, lens, first, repeats: int) -> None:
     ctx.rec.bitwise(f"{tag}:o_vs_prefill", first[0], _prefill(ctx, q, k, v, lens))
 
 
-def _train_determinism(ctx, s):
+def _train_inputs(ctx, T):
+    """q, k, v and the output gradient dO of a T-token training step, in this order from the generator."""
     Hq, Hkv, D, _ = _m(ctx)
+    return _rand(ctx, T, Hq, D), _rand(ctx, T, Hkv, D), _rand(ctx, T, Hkv, D), _rand(ctx, T, Hq, D)
+
+
+def _train_determinism(ctx, s):
     lens = [int(x) for x in s["lens"]]
     T = sum(lens)
-    q, k, v, do = _rand(ctx, T, Hq, D), _rand(ctx, T, Hkv, D), _rand(ctx, T, Hkv, D), _rand(ctx, T, Hq, D)
+    q, k, v, do = _train_inputs(ctx, T)
     first = _train_step(ctx, q, k, v, do, _cu(ctx, lens), max(lens))
     _train_bits(ctx, f"train_determinism[{lens}]", q, k, v, do, lens, first, int(s.get("repeats", 2)))
 
@@ -456,10 +461,9 @@ def _train_tolerance(ctx, case: dict | None = None) -> tuple[float, float, float
 
 
 def _train_vs_fp32(ctx, case):
-    Hq, Hkv, D, _ = _m(ctx)
     lens = [int(x) for x in case["lens"]]
     T = sum(lens)
-    q, k, v, do = _rand(ctx, T, Hq, D), _rand(ctx, T, Hkv, D), _rand(ctx, T, Hkv, D), _rand(ctx, T, Hq, D)
+    q, k, v, do = _train_inputs(ctx, T)
     got = _train_step(ctx, q, k, v, do, _cu(ctx, lens), max(lens))
     atol, rtol, gtol = _train_tolerance(ctx, case)
     _check_train(ctx, f"train_vs_fp32[{lens}]", got, _reference_train(q, k, v, do, lens, _scale(ctx)),
@@ -576,7 +580,7 @@ def _build_train(ctx, w: dict, seed: int | None = None):
     lens = _train_lens(w["shape"])
     torch.manual_seed(zlib.crc32(w["name"].encode()) + (0 if seed is None else 7919 * (seed + 1)))
     T = sum(lens)
-    q, k, v, do = _rand(ctx, T, Hq, D), _rand(ctx, T, Hkv, D), _rand(ctx, T, Hkv, D), _rand(ctx, T, Hq, D)
+    q, k, v, do = _train_inputs(ctx, T)
     cu, mx = _cu(ctx, lens), max(lens)
     atol, rtol, gtol = _train_tolerance(ctx)
     tag = f"timed[{w['name']}][seed={seed}]"
