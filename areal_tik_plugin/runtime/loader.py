@@ -118,9 +118,25 @@ class Implementation:
                 rowops = sys.modules.get(f"{self.package}._rowops")
                 if rowops is not None:
                     _apply_fast_launch(rowops)
+                    self._install_native_launch()
                     self._launch_set = True
             _guard_modules(self.package)
         return self._modules[mod]
+
+    def _install_native_launch(self) -> None:
+        """The manifest's ``native_host_path.launch`` (``module:attr`` of the kernel modules' launch helper)
+        goes through the generic native launcher (:mod:`areal_tik_plugin.runtime.native.launch`)."""
+        spec = (self.manifest.get("native_host_path") or {}).get("launch")
+        if not spec:
+            return
+        name, _, attr = spec.partition(":")
+        mod = sys.modules.get(f"{self.package}.{name}") or importlib.import_module(f"{self.package}.{name}")
+        if not callable(getattr(mod, attr, None)):
+            raise ImplementationError(f"implementation {self.name!r}: native_host_path.launch names {spec!r}, "
+                                      f"which is not a function of {self.package}.{name}")
+        from areal_tik_plugin.runtime.native import launch as native_launch
+
+        native_launch.install(mod, attr)
 
     def entry(self, op: str):
         """The callable behind an entry point named in the manifest (e.g. ``attention.decode``)."""

@@ -206,6 +206,9 @@ def invalidate() -> None:
     if m is not _UNSET and m is not None:
         m.invalidate()
     _REFUSED.clear()
+    from areal_tik_plugin.runtime.native import launch
+
+    launch.REFUSED_KERNELS.clear()
 
 
 def stats() -> dict:
@@ -215,8 +218,11 @@ def stats() -> dict:
 
 def _reset_for_tests() -> None:
     global _MOD
+    from areal_tik_plugin.runtime.native import launch
+
     invalidate()
     _MOD = _UNSET
+    launch.reset()
 
 
 def recorded(records: list, run):

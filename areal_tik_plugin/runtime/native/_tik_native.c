@@ -1,5 +1,5 @@
-/* Native host path for the forward calls of RMSNorm, SwiGLU and the decode-sized linear
- * (areal_tik_plugin.runtime.native).
+/* Native host path for the forward calls of RMSNorm, SwiGLU and the decode-sized linear, and a generic
+ * launcher for every other kernel launch of a kernel module (areal_tik_plugin.runtime.native).
  *
  * One Python -> C call per op call replaces ~20-60 us of Python (argument checks, the kernel module's
  * wrapper, Triton's binder and launcher) with argument reads, one torch.empty and cuLaunchKernelEx of
@@ -993,12 +993,578 @@ static PyObject *py_learn(PyObject *self, PyObject *args) {
   return Py_BuildValue("(Os)", Py_True, "");
 }
 
+/* ---------------------------------------------------------------- generic launch
+ * glaunch(fn, grid, args, kw): any launch of an @triton.jit kernel through the kernel modules' launch helper
+ * (``_rowops._launch``), served from a *variant* learned off Triton's own launch of a call of the same class:
+ * the same kernel object, the same keyword arguments (constexprs and compile options, compared by value),
+ * the same current device and the same class of every positional argument. The class refines Triton 3.6's
+ * specialization key (tensor: dtype and 16-byte alignment; int: ==1, divisible by 16 or neither, and 32 or 64
+ * bit; bool: its value; None; float; TensorDescriptor: dtype, block shape, padding, base alignment and the
+ * 16-divisibility of every shape and stride), so a variant is the compiled kernel Triton's run() would pick.
+ * The variant's parameter kinds are read off that compiled kernel's signature (runtime/native/launch.py);
+ * the first call of every class goes through Triton and is then derived here and compared, parameter by
+ * parameter and byte by byte for the TMA descriptors, with what Triton passed (the variant is refused on any
+ * difference). Host TMA descriptors are encoded with cuTensorMapEncodeTiled exactly as Triton's
+ * fill_tma_descriptor does. */
+
+#define GA_MAX 64 /* positional arguments */
+#define GD_MAX 6  /* tensor descriptors per launch */
+#define GK_MAX 32 /* keyword arguments */
+#define GV_SLOTS 4096
+
+enum { GC_TENSOR = 1, GC_NONE, GC_BOOL, GC_INT, GC_FLOAT, GC_DESC };
+enum { GP_DROP = 0, GP_PTR, GP_I32, GP_I64, GP_F32, GP_I8, GP_DESC };
+
+typedef struct {
+  int rank, swizzle, elem_size, elem_type, padding;
+  unsigned block[5];
+} gdesc_t;
+
+typedef struct {
+  unsigned char cls;
+  long long clsx, clsy; /* exact class data */
+  long long v;          /* int / bool value, pointer */
+  double f;
+  int rank;             /* descriptor */
+  long long shape[5], stride[5];
+} garg_t;
+
+typedef struct {
+  int used, refused;
+  unsigned long long h;
+  PyObject *fn, *kernel;
+  int device, nargs, nkw;
+  PyObject *kwk[GK_MAX], *kwv[GK_MAX];
+  unsigned char cls[GA_MAX];
+  long long clsx[GA_MAX], clsy[GA_MAX];
+  unsigned char kind[GA_MAX];
+  gdesc_t desc[GD_MAX];
+  int ndesc;
+  CUfunction func;
+  int num_warps, shared, pdl, coop;
+  char reason[96];
+} gvar_t;
+
+static gvar_t *g_var; /* GV_SLOTS, allocated at the first learn */
+static int g_var_count;
+static long long g_ghits, g_gmisses, g_gnot;
+static PyObject *g_desc_type, *s_base, *s_block_shape, *s_strides, *s_padding;
+
+typedef CUresult (*encode_t)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                             const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                             CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static encode_t g_encode;
+
+static int ensure_encode(void) {
+  if (g_encode) return 1;
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h) g_encode = (encode_t)dlsym(h, "cuTensorMapEncodeTiled");
+  if (!g_encode) {
+    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: no cuTensorMapEncodeTiled in libcuda.so.1");
+    return 0;
+  }
+  return 1;
+}
+
+static int read_seq(PyObject *o, long long *out, int max) {
+  PyObject *f = PySequence_Fast(o, "expected a sequence");
+  if (!f) { PyErr_Clear(); return -1; }
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(f);
+  if (n < 1 || n > max) { Py_DECREF(f); return -1; }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *it = PySequence_Fast_GET_ITEM(f, i);
+    if (!PyLong_Check(it)) { Py_DECREF(f); return -1; }
+    out[i] = PyLong_AsLongLong(it);
+    if (out[i] == -1 && PyErr_Occurred()) { PyErr_Clear(); Py_DECREF(f); return -1; }
+  }
+  Py_DECREF(f);
+  return (int)n;
+}
+
+/* The class of one positional argument. 1: read; 0: a kind of argument this path leaves to Triton; -1: error. */
+static int gread(PyObject *o, garg_t *a) {
+  memset(a, 0, sizeof *a);
+  PyTypeObject *tp = Py_TYPE(o);
+  if ((PyObject *)tp == g_tensor_type || (PyObject *)tp == g_param_type) {
+    PyObject *dt = PyObject_GetAttr(o, s_dtype);
+    if (!dt) return -1;
+    Py_DECREF(dt); /* torch dtypes are immortal singletons: the address names the dtype */
+    PyObject *p = PyObject_CallMethodNoArgs(o, s_data_ptr);
+    if (!p) return -1;
+    a->v = PyLong_AsLongLong(p);
+    Py_DECREF(p);
+    if (a->v == -1 && PyErr_Occurred()) return -1;
+    a->cls = GC_TENSOR;
+    a->clsx = (long long)(uintptr_t)dt;
+    a->clsy = (a->v % 16) == 0;
+    return 1;
+  }
+  if (o == Py_None) { a->cls = GC_NONE; return 1; }
+  if (PyBool_Check(o)) { a->cls = GC_BOOL; a->v = a->clsx = (o == Py_True); return 1; }
+  if (PyLong_CheckExact(o)) {
+    int ovf = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &ovf);
+    if (ovf) return 0; /* u64 / big ints: Triton's own path */
+    if (v == -1 && PyErr_Occurred()) return -1;
+    a->cls = GC_INT;
+    a->v = v;
+    a->clsx = (v == 1 ? 1 : (v % 16 == 0 ? 2 : 3)) | ((v >= -2147483648LL && v <= 2147483647LL) ? 0 : 4);
+    return 1;
+  }
+  if (PyFloat_CheckExact(o)) { a->cls = GC_FLOAT; a->f = PyFloat_AS_DOUBLE(o); return 1; }
+  if (g_desc_type && (PyObject *)tp == g_desc_type) {
+    PyObject *base = PyObject_GetAttr(o, s_base);
+    if (!base) return -1;
+    garg_t b;
+    int k = gread(base, &b);
+    Py_DECREF(base);
+    if (k <= 0) return k;
+    if (b.cls != GC_TENSOR) return 0;
+    PyObject *sh = PyObject_GetAttr(o, s_shape), *st = PyObject_GetAttr(o, s_strides),
+             *bl = PyObject_GetAttr(o, s_block_shape), *pd = PyObject_GetAttr(o, s_padding);
+    int ok = sh && st && bl && pd;
+    long long blk[5];
+    int r1 = -1, r2 = -1, r3 = -1, nan = 0;
+    if (ok) {
+      r1 = read_seq(sh, a->shape, 5);
+      r2 = read_seq(st, a->stride, 5);
+      r3 = read_seq(bl, blk, 5);
+      nan = PyUnicode_Check(pd) && PyUnicode_CompareWithASCIIString(pd, "nan") == 0;
+      if (PyUnicode_Check(pd) && !nan && PyUnicode_CompareWithASCIIString(pd, "zero") != 0) r1 = -1;
+    }
+    Py_XDECREF(sh); Py_XDECREF(st); Py_XDECREF(bl); Py_XDECREF(pd);
+    if (!ok) return -1;
+    if (r1 < 1 || r2 != r1 || r3 != r1) return 0;
+    a->cls = GC_DESC;
+    a->v = b.v;
+    a->rank = r1;
+    long long x = b.clsy | ((long long)nan << 1) | ((long long)r1 << 2);
+    for (int i = 0; i < r1; i++) {
+      if (blk[i] < 1 || blk[i] > 256) return 0;
+      x |= (blk[i] - 1) << (5 + 8 * i); /* 8 bits per block dim, 5 dims: bits 5..44 */
+    }
+    long long y = 0;
+    for (int i = 0; i < r1; i++) y |= ((long long)(a->shape[i] % 16 == 0) << i) | ((long long)(a->stride[i] % 16 == 0) << (8 + i));
+    a->clsx = x;
+    a->clsy = y ^ ((long long)(uintptr_t)b.clsx << 16); /* the base's dtype (an address) above the divisibility bits */
+    return 1;
+  }
+  return 0;
+}
+
+static unsigned long long mix(unsigned long long h, unsigned long long v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h;
+}
+
+typedef struct {
+  int nargs, nkw, device;
+  garg_t a[GA_MAX];
+  PyObject *kwk[GK_MAX], *kwv[GK_MAX];
+  long long grid[3];
+  unsigned long long h;
+} gcall_t;
+
+/* 1: read; 0: left to Triton; -1: error */
+static int gcall_read(PyObject *fn, PyObject *grid, PyObject *args, PyObject *kw, gcall_t *c) {
+  if (!PyTuple_Check(args) || (kw != Py_None && !PyDict_Check(kw))) return 0;
+  Py_ssize_t n = PyTuple_GET_SIZE(args);
+  if (n > GA_MAX) return 0;
+  c->nargs = (int)n;
+  if (!PyTuple_Check(grid) && !PyList_Check(grid)) return 0;
+  Py_ssize_t gn = PySequence_Size(grid);
+  if (gn < 1 || gn > 3) return 0;
+  for (int i = 0; i < 3; i++) {
+    c->grid[i] = 1;
+    if (i < gn) {
+      PyObject *g = PyTuple_Check(grid) ? PyTuple_GET_ITEM(grid, i) : PyList_GET_ITEM(grid, i);
+      if (!PyLong_Check(g)) return 0;
+      c->grid[i] = PyLong_AsLongLong(g);
+      if (c->grid[i] == -1 && PyErr_Occurred()) return -1;
+      if (c->grid[i] < 0 || c->grid[i] > 2147483647LL) return 0;
+    }
+  }
+  unsigned long long h = mix(1469598103934665603ULL, (unsigned long long)(uintptr_t)fn);
+  for (int i = 0; i < c->nargs; i++) {
+    int k = gread(PyTuple_GET_ITEM(args, i), &c->a[i]);
+    if (k <= 0) return k;
+    h = mix(mix(mix(h, c->a[i].cls), (unsigned long long)c->a[i].clsx), (unsigned long long)c->a[i].clsy);
+  }
+  c->nkw = 0;
+  if (kw != Py_None) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(kw, &pos, &k, &v)) {
+      if (c->nkw == GK_MAX) return 0;
+      Py_hash_t hv = PyObject_Hash(v);
+      if (hv == -1) { PyErr_Clear(); return 0; }
+      Py_hash_t hk = PyObject_Hash(k);
+      if (hk == -1) { PyErr_Clear(); return 0; }
+      c->kwk[c->nkw] = k;
+      c->kwv[c->nkw] = v;
+      c->nkw++;
+      h = mix(mix(h, (unsigned long long)hk), (unsigned long long)hv);
+    }
+  }
+  c->device = g_cur_device ? cur_device() : -1; /* -1: setup_cpu (tests) */
+  if (c->device == -2) return -1;
+  c->h = mix(mix(h, (unsigned long long)(c->device + 7)), (unsigned long long)c->nargs);
+  return 1;
+}
+
+static int same_obj(PyObject *a, PyObject *b) {
+  if (a == b) return 1;
+  if (Py_TYPE(a) != Py_TYPE(b)) return 0;
+  int r = PyObject_RichCompareBool(a, b, Py_EQ);
+  if (r < 0) { PyErr_Clear(); return 0; }
+  return r;
+}
+
+static int gvar_matches(const gvar_t *v, PyObject *fn, const gcall_t *c) {
+  if (v->h != c->h || v->fn != fn || v->device != c->device || v->nargs != c->nargs || v->nkw != c->nkw) return 0;
+  for (int i = 0; i < c->nargs; i++)
+    if (v->cls[i] != c->a[i].cls || v->clsx[i] != c->a[i].clsx || v->clsy[i] != c->a[i].clsy) return 0;
+  for (int i = 0; i < c->nkw; i++)
+    if (!same_obj(v->kwk[i], c->kwk[i]) || !same_obj(v->kwv[i], c->kwv[i])) return 0;
+  return 1;
+}
+
+static gvar_t *gvar_find(PyObject *fn, const gcall_t *c, int create) {
+  if (!g_var) {
+    if (!create) return NULL;
+    g_var = (gvar_t *)calloc(GV_SLOTS, sizeof(gvar_t));
+    if (!g_var) { PyErr_NoMemory(); return NULL; }
+  }
+  for (int probe = 0; probe < GV_SLOTS; probe++) {
+    gvar_t *v = &g_var[(c->h + (unsigned long long)probe) % GV_SLOTS];
+    if (!v->used) {
+      if (!create || g_var_count * 4 >= GV_SLOTS * 3) return NULL;
+      return v;
+    }
+    if (gvar_matches(v, fn, c)) return v;
+  }
+  return NULL;
+}
+
+static void gvar_clear(void) {
+  if (!g_var) return;
+  for (int i = 0; i < GV_SLOTS; i++) {
+    gvar_t *v = &g_var[i];
+    if (!v->used) continue;
+    Py_CLEAR(v->fn);
+    Py_CLEAR(v->kernel);
+    for (int k = 0; k < v->nkw; k++) { Py_CLEAR(v->kwk[k]); Py_CLEAR(v->kwv[k]); }
+    v->used = 0;
+  }
+  g_var_count = 0;
+}
+
+/* The parameters the variant passes for this call: pv / params filled, maps encoded when ``encode``.
+ * Returns the parameter count, or -1 with an error set. */
+static int gparams(const gvar_t *v, const gcall_t *c, unsigned long long *pv, void **params, CUtensorMap *maps,
+                   int encode, int *kinds) {
+  int np = 0, nd = 0;
+  for (int i = 0; i < c->nargs; i++) {
+    const garg_t *a = &c->a[i];
+    switch (v->kind[i]) {
+      case GP_DROP: break;
+      case GP_PTR: pv[np] = (unsigned long long)a->v; kinds[np] = GP_PTR; params[np] = &pv[np]; np++; break;
+      case GP_I32: { int32_t q = (int32_t)a->v; pv[np] = 0; memcpy(&pv[np], &q, 4); kinds[np] = GP_I32; params[np] = &pv[np]; np++; break; }
+      case GP_I64: pv[np] = (unsigned long long)a->v; kinds[np] = GP_I64; params[np] = &pv[np]; np++; break;
+      case GP_F32: { float f = (float)a->f; pv[np] = 0; memcpy(&pv[np], &f, 4); kinds[np] = GP_F32; params[np] = &pv[np]; np++; break; }
+      case GP_I8: { int8_t q = (int8_t)a->v; pv[np] = 0; memcpy(&pv[np], &q, 1); kinds[np] = GP_I8; params[np] = &pv[np]; np++; break; }
+      case GP_DESC: {
+        const gdesc_t *d = &v->desc[nd];
+        if (a->rank != d->rank) { PyErr_SetString(PyExc_RuntimeError, "glaunch: descriptor rank changed"); return -1; }
+        memset(&maps[nd], 0, sizeof maps[nd]);
+        if (encode) {
+          cuuint64_t dims[5] = {0}, strides[5] = {0};
+          cuuint32_t box[5], es[5] = {1, 1, 1, 1, 1};
+          int r = d->rank;
+          for (int j = 0; j < r; j++) {
+            box[r - j - 1] = d->block[j];
+            dims[r - j - 1] = (cuuint64_t)a->shape[j];
+          }
+          for (int j = 0; j + 1 < r; j++) strides[r - j - 2] = (cuuint64_t)(d->elem_size * a->stride[j]);
+          strides[r - 1] = dims[r - 1] * (r == 1 ? (cuuint64_t)d->elem_size : strides[r - 2]);
+          if (!ensure_encode()) return -1;
+          CUresult rc = g_encode(&maps[nd], (CUtensorMapDataType)d->elem_type, (cuuint32_t)r, (void *)(uintptr_t)a->v,
+                                 dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, (CUtensorMapSwizzle)d->swizzle,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                 d->padding ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+          if (rc != CUDA_SUCCESS) {
+            PyErr_Format(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: cuTensorMapEncodeTiled failed (CUresult %d)", (int)rc);
+            return -1;
+          }
+        }
+        kinds[np] = GP_DESC; pv[np] = (unsigned long long)nd; params[np] = &maps[nd]; np++;
+        for (int j = 0; j < d->rank; j++) { int32_t q = (int32_t)a->shape[j]; pv[np] = 0; memcpy(&pv[np], &q, 4); kinds[np] = GP_I32; params[np] = &pv[np]; np++; }
+        for (int j = 0; j < d->rank; j++) { pv[np] = (unsigned long long)a->stride[j]; kinds[np] = GP_I64; params[np] = &pv[np]; np++; }
+        nd++;
+        break;
+      }
+      default: PyErr_SetString(PyExc_RuntimeError, "glaunch: bad parameter kind"); return -1;
+    }
+  }
+  return np;
+}
+
+#define GP_MAX (GA_MAX + GD_MAX * 10 + 2)
+
+/* glaunch(fn, grid, args, kw|None) -> the compiled kernel (launched), False (no variant for this class yet:
+ * the caller takes Triton's path and learns), None (left to Triton: an argument kind or a refused variant). */
+static PyObject *py_glaunch(PyObject *self, PyObject *const *argv, Py_ssize_t nargs) {
+  if (!g_fast_ready || nargs != 4) { g_gnot++; Py_RETURN_NONE; }
+  gcall_t c;
+  int k = gcall_read(argv[0], argv[1], argv[2], argv[3], &c);
+  if (k < 0) return NULL;
+  if (k == 0) { g_gnot++; Py_RETURN_NONE; }
+  gvar_t *v = gvar_find(argv[0], &c, 0);
+  if (!v || !v->used) { g_gmisses++; Py_RETURN_FALSE; }
+  if (v->refused) { g_gnot++; Py_RETURN_NONE; }
+  if (!ensure_driver()) return NULL;
+  unsigned long long pv[GP_MAX];
+  void *params[GP_MAX + 2];
+  int kinds[GP_MAX];
+  CUtensorMap maps[GD_MAX];
+  int np = gparams(v, &c, pv, params, maps, 1, kinds);
+  if (np < 0) return NULL;
+  unsigned long long z0 = 0, z1 = 0;
+  params[np] = &z0; /* global_scratch (variants require size 0) */
+  params[np + 1] = &z1; /* profile_scratch (size 0) */
+  if (c.grid[0] * c.grid[1] * c.grid[2] != 0) {
+    PyObject *idx = PyLong_FromLong(c.device);
+    if (!idx) return NULL;
+    PyObject *so = PyObject_CallOneArg(g_raw_stream, idx);
+    Py_DECREF(idx);
+    if (!so) return NULL;
+    CUstream stream = (CUstream)PyLong_AsVoidPtr(so);
+    Py_DECREF(so);
+    if (PyErr_Occurred()) return NULL;
+    CUlaunchAttribute attrs[2];
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    memset(attrs, 0, sizeof attrs);
+    cfg.gridDimX = (unsigned)c.grid[0];
+    cfg.gridDimY = (unsigned)c.grid[1];
+    cfg.gridDimZ = (unsigned)c.grid[2];
+    cfg.blockDimX = 32u * (unsigned)v->num_warps;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = (unsigned)v->shared;
+    cfg.hStream = stream;
+    cfg.attrs = attrs;
+    int na = 0;
+    if (v->pdl) {
+      attrs[na].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attrs[na].value.programmaticStreamSerializationAllowed = 1;
+      na++;
+    }
+    if (v->coop) {
+      attrs[na].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+      attrs[na].value.cooperative = 1;
+      na++;
+    }
+    cfg.numAttrs = (unsigned)na;
+    CUresult rc = g_launch(&cfg, v->func, params, NULL);
+    if (rc != CUDA_SUCCESS) {
+      PyErr_Format(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: cuLaunchKernelEx failed (CUresult %d)", (int)rc);
+      return NULL;
+    }
+  }
+  g_ghits++;
+  return Py_NewRef(v->kernel);
+}
+
+/* glearn(fn, grid, args, kw|None, plan|None, reason|None) -> bool
+ * plan: (kinds: list[int] per positional argument, descs: list[(swizzle, elem_size, host elem type, padding,
+ * block tuple)], func, num_warps, shared, pdl, coop, kernel). None with a reason: the class is refused (its calls
+ * stay on Triton's path). */
+static PyObject *py_glearn(PyObject *self, PyObject *args) {
+  PyObject *fn, *grid, *cargs, *kw, *plan;
+  const char *reason = NULL;
+  if (!g_ready) {
+    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: setup() has not run");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "OOOOO|z", &fn, &grid, &cargs, &kw, &plan, &reason)) return NULL;
+  gcall_t c;
+  int k = gcall_read(fn, grid, cargs, kw, &c);
+  if (k < 0) return NULL;
+  if (k == 0) Py_RETURN_FALSE;
+  gvar_t *v = gvar_find(fn, &c, 1);
+  if (!v) {
+    if (PyErr_Occurred()) return NULL;
+    gvar_clear();
+    v = gvar_find(fn, &c, 1);
+    if (!v) { if (PyErr_Occurred()) return NULL; Py_RETURN_FALSE; }
+  }
+  if (v->used) { /* re-learned: drop the old one */
+    Py_CLEAR(v->fn); Py_CLEAR(v->kernel);
+    for (int i = 0; i < v->nkw; i++) { Py_CLEAR(v->kwk[i]); Py_CLEAR(v->kwv[i]); }
+    g_var_count--;
+  }
+  memset(v, 0, sizeof *v);
+  PyObject *kinds = NULL, *descs = NULL, *kernel = NULL;
+  unsigned long long func = 0;
+  int nw = 0, shm = 0, pdl = 0, coop = 0;
+  if (plan != Py_None) {
+    if (!PyArg_ParseTuple(plan, "OOKiippO", &kinds, &descs, &func, &nw, &shm, &pdl, &coop, &kernel)) return NULL;
+    if (!PyList_Check(kinds) || PyList_GET_SIZE(kinds) != c.nargs || !PyList_Check(descs) ||
+        PyList_GET_SIZE(descs) > GD_MAX) {
+      PyErr_SetString(PyExc_ValueError, "glearn: kinds must list one kind per positional argument, descs <= 6");
+      return NULL;
+    }
+    int nd = 0;
+    for (int i = 0; i < c.nargs; i++) {
+      long kd = PyLong_AsLong(PyList_GET_ITEM(kinds, i));
+      if (kd < GP_DROP || kd > GP_DESC) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "glearn: unknown parameter kind");
+        return NULL;
+      }
+      int cl = c.a[i].cls;
+      int ok = kd == GP_DROP || (kd == GP_PTR && cl == GC_TENSOR) || ((kd == GP_I32 || kd == GP_I64) && cl == GC_INT) ||
+               (kd == GP_F32 && cl == GC_FLOAT) || (kd == GP_I8 && (cl == GC_BOOL || cl == GC_INT)) ||
+               (kd == GP_DESC && cl == GC_DESC);
+      if (!ok) {
+        PyErr_Format(PyExc_ValueError, "glearn: argument %d: kind %ld does not fit its class %d", i, kd, cl);
+        return NULL;
+      }
+      if (kd == GP_DESC) {
+        if (nd >= PyList_GET_SIZE(descs)) { PyErr_SetString(PyExc_ValueError, "glearn: fewer descs than descriptor arguments"); return NULL; }
+        gdesc_t *d = &v->desc[nd];
+        PyObject *blk;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(descs, nd), "iiiiO", &d->swizzle, &d->elem_size, &d->elem_type, &d->padding, &blk))
+          return NULL;
+        long long b[5];
+        int r = read_seq(blk, b, 5);
+        if (r != c.a[i].rank) { PyErr_SetString(PyExc_ValueError, "glearn: descriptor block rank differs from the argument's"); return NULL; }
+        d->rank = r;
+        for (int j = 0; j < r; j++) d->block[j] = (unsigned)b[j];
+        nd++;
+      }
+      v->kind[i] = (unsigned char)kd;
+    }
+    if (nd != PyList_GET_SIZE(descs)) { PyErr_SetString(PyExc_ValueError, "glearn: more descs than descriptor arguments"); return NULL; }
+    v->ndesc = nd;
+  }
+  v->used = 1;
+  g_var_count++;
+  v->h = c.h;
+  v->fn = Py_NewRef(fn);
+  v->device = c.device;
+  v->nargs = c.nargs;
+  v->nkw = c.nkw;
+  for (int i = 0; i < c.nkw; i++) { v->kwk[i] = Py_NewRef(c.kwk[i]); v->kwv[i] = Py_NewRef(c.kwv[i]); }
+  for (int i = 0; i < c.nargs; i++) { v->cls[i] = c.a[i].cls; v->clsx[i] = c.a[i].clsx; v->clsy[i] = c.a[i].clsy; }
+  if (plan == Py_None) {
+    v->refused = 1;
+    snprintf(v->reason, sizeof v->reason, "%s", reason ? reason : "refused");
+    Py_RETURN_FALSE;
+  }
+  v->func = (CUfunction)(uintptr_t)func;
+  v->num_warps = nw;
+  v->shared = shm;
+  v->pdl = pdl;
+  v->coop = coop;
+  v->kernel = Py_NewRef(kernel);
+  Py_RETURN_TRUE;
+}
+
+/* gderive(fn, grid, args, kw|None, encode) -> None (no variant) or [(kind, value)]: what glaunch would pass
+ * (descriptor: (GP_DESC, 128 bytes) when encode, else (GP_DESC, None); floats as their fp32 bit pattern). */
+static PyObject *py_gderive(PyObject *self, PyObject *args) {
+  PyObject *fn, *grid, *cargs, *kw;
+  int encode = 1;
+  if (!g_ready) {
+    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: setup() has not run");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "OOOO|p", &fn, &grid, &cargs, &kw, &encode)) return NULL;
+  gcall_t c;
+  int k = gcall_read(fn, grid, cargs, kw, &c);
+  if (k < 0) return NULL;
+  if (k == 0) Py_RETURN_NONE;
+  gvar_t *v = gvar_find(fn, &c, 0);
+  if (!v || !v->used || v->refused) Py_RETURN_NONE;
+  unsigned long long pv[GP_MAX];
+  void *params[GP_MAX + 2];
+  int kinds[GP_MAX];
+  CUtensorMap maps[GD_MAX];
+  int np = gparams(v, &c, pv, params, maps, encode, kinds);
+  if (np < 0) return NULL;
+  PyObject *out = PyList_New(np);
+  if (!out) return NULL;
+  for (int i = 0; i < np; i++) {
+    PyObject *val;
+    switch (kinds[i]) {
+      case GP_DESC: val = encode ? PyBytes_FromStringAndSize((const char *)&maps[pv[i]], sizeof(CUtensorMap)) : Py_NewRef(Py_None); break;
+      case GP_I32: { int32_t q; memcpy(&q, &pv[i], 4); val = PyLong_FromLong(q); break; }
+      case GP_F32: { uint32_t q; memcpy(&q, &pv[i], 4); val = PyLong_FromUnsignedLong(q); break; }
+      case GP_I8: { int8_t q; memcpy(&q, &pv[i], 1); val = PyLong_FromLong(q); break; }
+      case GP_I64: val = PyLong_FromLongLong((long long)pv[i]); break;
+      default: val = PyLong_FromUnsignedLongLong(pv[i]);
+    }
+    PyObject *t = val ? Py_BuildValue("(iN)", kinds[i], val) : NULL;
+    if (!t) { Py_DECREF(out); return NULL; }
+    PyList_SET_ITEM(out, i, t);
+  }
+  return out;
+}
+
+/* tmap_bytes(PyCUtensorMap) -> the 128 bytes Triton's fill_tma_descriptor encoded (its object layout:
+ * PyObject_HEAD, then the map aligned to 128). */
+typedef struct {
+  PyObject_HEAD;
+  _Alignas(128) CUtensorMap tensorMap;
+} tik_tmap_obj_t;
+
+static PyObject *py_tmap_bytes(PyObject *self, PyObject *o) {
+  if (strcmp(Py_TYPE(o)->tp_name, "triton.backends.nvidia.PyCUtensorMap") != 0 ||
+      Py_TYPE(o)->tp_basicsize != (Py_ssize_t)sizeof(tik_tmap_obj_t)) {
+    PyErr_Format(PyExc_TypeError, "tmap_bytes: expected Triton's PyCUtensorMap, got %s", Py_TYPE(o)->tp_name);
+    return NULL;
+  }
+  return PyBytes_FromStringAndSize((const char *)&((tik_tmap_obj_t *)o)->tensorMap, sizeof(CUtensorMap));
+}
+
+/* gsetup(TensorDescriptor class) */
+static PyObject *py_gsetup(PyObject *self, PyObject *desc_type) {
+  Py_INCREF(desc_type);
+  Py_XSETREF(g_desc_type, desc_type);
+  Py_RETURN_NONE;
+}
+
+static PyObject *gstats(void) {
+  int n = 0, refused = 0;
+  PyObject *reasons = PyDict_New();
+  if (!reasons) return NULL;
+  if (g_var)
+    for (int i = 0; i < GV_SLOTS; i++) {
+      gvar_t *v = &g_var[i];
+      if (!v->used) continue;
+      n++;
+      if (v->refused) {
+        refused++;
+        PyObject *key = PyUnicode_FromString(v->reason);
+        if (!key) { Py_DECREF(reasons); return NULL; }
+        PyObject *cur = PyDict_GetItemWithError(reasons, key);
+        PyObject *nv = PyLong_FromLong(cur ? PyLong_AsLong(cur) + 1 : 1);
+        if (!nv || PyDict_SetItem(reasons, key, nv)) { Py_XDECREF(nv); Py_DECREF(key); Py_DECREF(reasons); return NULL; }
+        Py_DECREF(nv);
+        Py_DECREF(key);
+      }
+    }
+  return Py_BuildValue("{s:L,s:L,s:L,s:i,s:i,s:N}", "hits", g_ghits, "misses", g_gmisses, "not_handled", g_gnot,
+                       "variants", n, "refused", refused, "refused_reasons", reasons);
+}
+
 static PyObject *py_invalidate(PyObject *self, PyObject *noargs) {
   for (int p = 0; p < NPLANS; p++) {
     Py_CLEAR(g_plans[p].devobj);
     g_plans[p].used = 0;
   }
   lin_clear();
+  gvar_clear();
   Py_RETURN_NONE;
 }
 
@@ -1015,8 +1581,10 @@ static PyObject *py_stats(PyObject *self, PyObject *noargs) {
     if (!d || PyList_Append(plans, d)) { Py_XDECREF(d); Py_DECREF(plans); return NULL; }
     Py_DECREF(d);
   }
-  return Py_BuildValue("{s:L,s:L,s:L,s:N,s:N}", "hits", g_hits, "misses", g_misses, "not_handled", g_unsupported,
-                       "plans", plans, "linear", lin_stats());
+  PyObject *gen = gstats();
+  if (!gen) { Py_DECREF(plans); return NULL; }
+  return Py_BuildValue("{s:L,s:L,s:L,s:N,s:N,s:N}", "hits", g_hits, "misses", g_misses, "not_handled", g_unsupported,
+                       "plans", plans, "linear", lin_stats(), "launch", gen);
 }
 
 /* setup(torch) : caches the objects the hot path uses. */
@@ -1073,6 +1641,11 @@ static PyMethodDef methods[] = {
     {"learn_linear", py_learn_linear, METH_VARARGS, "learn_linear(x, weight, bias, recipe|None[, reason])"},
     {"derive", py_derive, METH_VARARGS, "derive(op, inputs, outputs, cfg) -> (grid, params) | None"},
     {"learn", py_learn, METH_VARARGS, "learn(op, inputs, outputs, cfg, grid, params, info) -> (ok, reason)"},
+    {"glaunch", (PyCFunction)(void (*)(void))py_glaunch, METH_FASTCALL, "glaunch(fn, grid, args, kw|None)"},
+    {"glearn", py_glearn, METH_VARARGS, "glearn(fn, grid, args, kw|None, plan|None[, reason])"},
+    {"gderive", py_gderive, METH_VARARGS, "gderive(fn, grid, args, kw|None[, encode]) -> [(kind, value)] | None"},
+    {"tmap_bytes", py_tmap_bytes, METH_O, "tmap_bytes(PyCUtensorMap) -> bytes"},
+    {"gsetup", py_gsetup, METH_O, "gsetup(TensorDescriptor class)"},
     {"invalidate", py_invalidate, METH_NOARGS, "drop every plan"},
     {"stats", py_stats, METH_NOARGS, "hit / miss counters and plans"},
     {"setup", py_setup, METH_O, "setup(torch)"},
@@ -1088,6 +1661,10 @@ PyMODINIT_FUNC PyInit__tik_native(void) {
   s_data_ptr = PyUnicode_InternFromString("data_ptr");
   s_get_device = PyUnicode_InternFromString("get_device");
   s_requires_grad = PyUnicode_InternFromString("requires_grad");
+  s_base = PyUnicode_InternFromString("base");
+  s_block_shape = PyUnicode_InternFromString("block_shape");
+  s_strides = PyUnicode_InternFromString("strides");
+  s_padding = PyUnicode_InternFromString("padding");
   s_kwnames = Py_BuildValue("(ss)", "dtype", "device");
   if (!s_kwnames) return NULL;
   return PyModule_Create(&moddef);

@@ -1,0 +1,184 @@
+"""The generic native launcher: every launch a kernel module makes through its launch helper (the
+manifest's ``native_host_path.launch``, ``_rowops:_launch``) served by one C call, ``glaunch``, instead of
+Triton's ``JITFunction.run`` (binder, cache key, launcher, TMA descriptor encoding in Python).
+
+Why: on the H200 machines Triton's path costs 50-90 us of host time per launch (``tma_host_probe``: a TMA
+GEMM issues in 76-97 us, the attention prefill in 154 us, against ~20 us for ``F.linear``); cold timings
+and eager training at short sequences wait on it.
+
+What is served: a launch whose positional arguments are tensors, ints, bools, floats, None and host
+``TensorDescriptor``s, whose keyword arguments are constexprs and compile options, with no launch hook,
+pre-run hook, Triton debug or instrumentation mode set. The first call of each *class* (see
+``_tik_native.c``: kernel, keyword values, device, and per argument a refinement of Triton's
+specialization key) goes through Triton; its compiled kernel's signature gives the parameter kinds, the
+C side derives the parameters it would pass for that very call, and the variant is kept only if they
+equal, one by one and byte for byte for each TMA descriptor, what Triton's launcher passes. The kernel, and
+so every bit of every output, is the one Triton launches. Setting a knob or switching implementation drops
+every variant (:func:`areal_tik_plugin.runtime.native.invalidate`); ``TIK_NATIVE=0`` turns the path off.
+"""
+
+from __future__ import annotations
+
+import struct
+
+GP_DROP, GP_PTR, GP_I32, GP_I64, GP_F32, GP_I8, GP_DESC = range(7)
+# Triton's TMA element-type codes -> the driver's (triton/backends/nvidia/driver.py, TMA_DTYPE_DEVICE_TO_HOST)
+_TMA_HOST = {i: i for i in range(16)}
+_TMA_HOST.update({8: 10, 9: 8, 10: 9})
+_SCALARS = {"i32": GP_I32, "i64": GP_I64, "fp32": GP_F32, "i1": GP_I8, "u1": GP_I8}
+_UNSET = object()
+
+# kernels whose calling convention the path does not take (a non-constexpr parameter passed by keyword, a
+# declared constexpr passed positionally, a parameter left to its default): always Triton's path
+REFUSED_KERNELS: dict = {}
+_STATE = {"m": _UNSET}
+
+
+def _module():
+    from areal_tik_plugin.runtime import native
+
+    m = native.module()
+    if m is None or not hasattr(m, "glaunch"):
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m.gsetup(TensorDescriptor)
+    return m
+
+
+def reset() -> None:
+    """Forget the module lookup (tests; the native module was reset)."""
+    _STATE["m"] = _UNSET
+    REFUSED_KERNELS.clear()
+
+
+def install(mod, attr: str) -> None:
+    """Wrap ``mod.<attr>`` (a kernel module's ``_launch(fn, grid, *args, **kw)``) with the native launcher.
+    The native module is looked up at the first launch; without it every call takes the wrapped path."""
+    py_launch = getattr(mod, attr)
+    if getattr(py_launch, "__tik_native_launch__", False):
+        return
+    from triton import knobs
+
+    rt, comp = knobs.runtime, knobs.compilation
+
+    def _launch(fn, grid, *args, **kw):
+        m = _STATE["m"]
+        if m is _UNSET:
+            m = _STATE["m"] = _module()
+        if m is None or fn in REFUSED_KERNELS or rt.debug or comp.instrumentation_mode or _hooked(rt.launch_enter_hook) \
+                or _hooked(rt.launch_exit_hook) or getattr(fn, "pre_run_hooks", None):
+            return py_launch(fn, grid, *args, **kw)
+        r = m.glaunch(fn, grid, args, kw)
+        if r is not None and r is not False:
+            return r
+        k = py_launch(fn, grid, *args, **kw)
+        if r is False and k is not None:
+            learn(m, fn, grid, args, kw, k)
+        return k
+
+    _launch.__tik_native_launch__ = True
+    _launch.__wrapped__ = py_launch
+    setattr(mod, attr, _launch)
+
+
+def _hooked(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def plan(fn, args, kw, kernel):
+    """``(plan, "")`` for ``glearn`` from the compiled kernel Triton launched for this call, ``(None, why)``
+    when the call's class is refused, or ``(False, why)`` when the kernel's calling convention is."""
+    md = kernel.metadata
+    if getattr(md, "num_ctas", 1) != 1:
+        return None, "clusters (num_ctas > 1)"
+    if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+        return None, "global or profile scratch memory"
+    sig = kernel.src.signature
+    params = list(fn.params)
+    if len(args) > len(params):
+        return False, "more positional arguments than parameters"
+    for name in kw:
+        if name in sig and sig[name] != "constexpr":
+            return False, f"parameter {name} passed by keyword"
+    for i, p in enumerate(params):
+        if i < len(args):
+            if p.is_constexpr:
+                return False, f"constexpr {p.name} passed positionally"
+        elif p.name not in kw and sig.get(p.name) != "constexpr":
+            return False, f"parameter {p.name} left to its default"
+    metas = list(getattr(md, "tensordesc_meta", None) or [])
+    kinds, descs, di = [], [], 0
+    for p, v in zip(params, args):
+        ty = sig[p.name]
+        if ty == "constexpr":
+            kinds.append(GP_DROP)
+        elif ty.startswith("*"):
+            kinds.append(GP_PTR)
+        elif ty.startswith("tensordesc"):
+            meta = metas[di] if di < len(metas) else None
+            di += 1
+            if meta is None:
+                return None, "a tensor descriptor lowered without TMA"
+            if meta.get("fp4_padded"):
+                return None, "an fp4-padded tensor descriptor"
+            descs.append((int(meta["swizzle"]), int(meta["elem_size"]), _TMA_HOST[int(meta["elem_type"])],
+                          1 if getattr(v, "padding", "zero") == "nan" else 0, tuple(int(b) for b in meta["block_size"])))
+            kinds.append(GP_DESC)
+        elif ty in _SCALARS:
+            kinds.append(_SCALARS[ty])
+        else:
+            return None, f"parameter {p.name} of type {ty}"
+    return (kinds, descs, int(kernel.function), int(md.num_warps), int(md.shared),
+            bool(getattr(md, "launch_pdl", False)), bool(getattr(md, "launch_cooperative_grid", False)), kernel), ""
+
+
+def expected(m, fn, args, kernel) -> list:
+    """What Triton's launcher passes for this call: [(kind, value)] in parameter order (floats as fp32 bits,
+    TMA descriptors as the 128 bytes Triton encodes)."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    sig = kernel.src.signature
+    metas = list(getattr(kernel.metadata, "tensordesc_meta", None) or [])
+    out, di = [], 0
+    for p, v in zip(fn.params, args):
+        ty = sig[p.name]
+        if ty == "constexpr":
+            continue
+        if ty.startswith("*"):
+            out.append((GP_PTR, v.data_ptr()))
+        elif ty.startswith("tensordesc"):
+            tmap, *rest = make_tensordesc_arg(v, metas[di])
+            di += 1
+            r = len(rest) // 2
+            out.append((GP_DESC, m.tmap_bytes(tmap)))
+            out += [(GP_I32, int(s)) for s in rest[:r]] + [(GP_I64, int(s)) for s in rest[r:]]
+        elif ty == "fp32":
+            out.append((GP_F32, struct.unpack("<I", struct.pack("<f", v))[0]))
+        else:
+            out.append((_SCALARS[ty], int(v)))
+    return out
+
+
+def learn(m, fn, grid, args, kw, kernel) -> tuple[bool, str]:
+    """Register the variant of this call's class from Triton's launch of it (or refuse the class or the
+    kernel); returns (registered, reason)."""
+    try:
+        p, why = plan(fn, args, kw, kernel)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        p, why = None, f"cannot read the compiled kernel: {type(e).__name__}: {e}"[:90]
+    if p is False:
+        REFUSED_KERNELS[fn] = why
+        return False, why
+    if p is None:
+        m.glearn(fn, grid, args, kw, None, why)
+        return False, why
+    m.glearn(fn, grid, args, kw, p)
+    ours = m.gderive(fn, grid, args, kw, True)
+    theirs = expected(m, fn, args, kernel)
+    if ours != theirs:
+        bad = next((i for i, (a, b) in enumerate(zip(ours or [], theirs)) if a != b), min(len(ours or []), len(theirs)))
+        why = f"derived parameter {bad} differs from Triton's"
+        m.glearn(fn, grid, args, kw, None, why)
+        return False, why
+    return True, ""

@@ -1,0 +1,270 @@
+"""The generic native launcher (areal_tik_plugin.runtime.native.launch, ``glaunch`` in _tik_native.c) on the
+CPU: the class it keys variants by refines Triton 3.6's own specialization key (two arguments of one class
+always get Triton's same key), keyword values are compared by value and type, a variant's parameters for a
+TMA GEMM compiled for sm_90 are the kernel's signature filled with this call's pointers, sizes and
+descriptor shapes, calling conventions it cannot serve are refused, and the wrapper the loader installs
+takes Triton's path until a variant is learned. (Launching and the TMA encoding need a GPU:
+``benchmarks/probes/native_launch_probe`` compares the bits and times the host path on the H200.)"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+from areal_tik_plugin import versions
+from areal_tik_plugin.runtime import loader, native
+from areal_tik_plugin.runtime.native import launch as NL
+
+needs_triton36 = pytest.mark.skipif(not versions.fast_host_path(),
+                                    reason="the native host path is built for Triton 3.6's kernel ABI")
+
+
+@pytest.fixture(scope="module")
+def m(tmp_path_factory):
+    old = os.environ.get("TIK_CACHE_DIR")
+    os.environ["TIK_CACHE_DIR"] = str(tmp_path_factory.mktemp("native-cache"))
+    try:
+        mod = native.load_module(native.build())
+    finally:
+        if old is None:
+            os.environ.pop("TIK_CACHE_DIR", None)
+        else:
+            os.environ["TIK_CACHE_DIR"] = old
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    mod.setup_cpu(torch)
+    mod.gsetup(TensorDescriptor)
+    yield mod
+    mod.invalidate()
+
+
+def _triton_key(v):
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    return native_specialize_impl(BaseBackend, v, False, True, True)
+
+
+def _values():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    buf = torch.empty(4096, dtype=torch.bfloat16)
+    a16 = buf[:1024]          # 16-byte aligned
+    a2 = buf[1:1025]          # 2-byte aligned only
+    f32 = torch.empty(64, dtype=torch.float32)
+    i32 = torch.empty(64, dtype=torch.int32)
+    t2 = buf[:32 * 64].view(32, 64)
+    out = [a16, a2, buf[8:1032], buf[3:1027], f32, i32, torch.nn.Parameter(torch.empty(8)),
+           None, True, False, 0, 1, 2, 15, 16, 17, 32, -16, -1, 2 ** 31 - 16, 2 ** 31, 2 ** 40 + 1, 0.5, 1.0,
+           TensorDescriptor(t2, [32, 64], [64, 1], [16, 64]), TensorDescriptor(t2, [32, 64], [64, 1], [32, 64]),
+           TensorDescriptor(buf[8:8 + 32 * 64].view(32, 64), [32, 64], [64, 1], [16, 64]),
+           TensorDescriptor(buf[:31 * 64].view(31, 64), [31, 64], [64, 1], [16, 64])]
+    return out
+
+
+@needs_triton36
+def test_class_refines_tritons_specialization_key(m):
+    """For every pair of argument values: one variant (the class of the first) serves the second only if
+    Triton's binder gives both the same key -- so a served call gets the kernel Triton would compile."""
+    vals = _values()
+    fn = object()
+    for i, a in enumerate(vals):
+        m.invalidate()
+        assert m.glearn(fn, (1,), (a,), {}, ([NL.GP_DROP], [], 0, 4, 0, False, False, None)) is True
+        for j, b in enumerate(vals):
+            hit = m.gderive(fn, (1,), (b,), {}, False) is not None
+            if hit:
+                assert _triton_key(a) == _triton_key(b), (i, j, a, b)
+            if i == j:
+                assert hit
+    m.invalidate()
+
+
+@needs_triton36
+def test_keyword_values_compared_by_type_and_value(m):
+    fn = object()
+    m.invalidate()
+    m.glearn(fn, (2, 3), (7,), {"BLOCK": 64, "FLAG": True, "MODE": "x"}, ([NL.GP_I32], [], 0, 4, 0, False, False, None))
+    assert m.gderive(fn, (2, 3), (9,), {"BLOCK": 64, "FLAG": True, "MODE": "x"}, False) == [(NL.GP_I32, 9)]
+    for kw in ({"BLOCK": 32, "FLAG": True, "MODE": "x"}, {"BLOCK": 64, "FLAG": 1, "MODE": "x"},
+               {"BLOCK": 64, "FLAG": True, "MODE": "y"}, {"BLOCK": 64, "FLAG": True},
+               {"BLOCK": 64, "FLAG": True, "MODE": "x", "num_warps": 8}):
+        assert m.gderive(fn, (2, 3), (9,), kw, False) is None, kw
+    assert m.gderive(object(), (2, 3), (9,), {"BLOCK": 64, "FLAG": True, "MODE": "x"}, False) is None
+    # an unhashable keyword value, a callable grid, a tuple argument: not taken (Triton's path)
+    assert m.gderive(fn, (2, 3), (9,), {"BLOCK": [64]}, False) is None
+    assert m.gderive(fn, lambda meta: (1,), (9,), {}, False) is None
+    assert m.gderive(fn, (2,), ((1, 2),), {}, False) is None
+    m.invalidate()
+    assert m.gderive(fn, (2, 3), (9,), {"BLOCK": 64, "FLAG": True, "MODE": "x"}, False) is None
+
+
+@needs_triton36
+def test_refused_class_stays_refused(m):
+    fn = object()
+    m.invalidate()
+    assert m.glearn(fn, (1,), (5,), {}, None, "because") is False
+    assert m.gderive(fn, (1,), (5,), {}, False) is None
+    assert m.stats()["launch"]["refused_reasons"] == {"because": 1}
+    m.invalidate()
+
+
+@pytest.fixture
+def sm90_tik_v2():
+    """tik_v2's kernel modules loaded outside the interpreter (what an sm_90 launch builds)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+    from benchmarks.compile_rowops_sm90 import load_impl_no_interp
+
+    interp = os.environ.get("TRITON_INTERPRET")
+    try:
+        mod = load_impl_no_interp(os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "tik_v2"))
+        R = mod("_rowops")
+        R._PDL_DEVICES[-1] = True
+        R.FAST_LAUNCH = False
+        yield mod
+    finally:
+        if interp is not None:
+            os.environ["TRITON_INTERPRET"] = interp
+        for k in [k for k in sys.modules if k.startswith("_tik_sm90_check")]:
+            del sys.modules[k]
+
+
+def _captured(mod, call):
+    from benchmarks.compile_rowops_sm90 import Capture
+
+    R = mod("_rowops")
+    grids, orig = [], R._launch
+    R._launch = lambda fn, grid, *a, **kw: (grids.append(grid), orig(fn, grid, *a, **kw))[1]
+    try:
+        with Capture() as cap:
+            call()
+    finally:
+        R._launch = orig
+    return [(k, g, a, kw) for (k, a, kw), g in zip(cap.records, grids)]
+
+
+@needs_triton36
+def test_tma_gemm_variant_parameters(m, sm90_tik_v2):
+    """The GEMM's TMA configuration compiled for sm_90: every parameter of the variant, in signature order,
+    is what Triton's launcher passes (descriptor: the map, then its shape as i32 and strides as i64); a
+    second call of the same class gets its own pointers and sizes, a misaligned operand is another class."""
+    from benchmarks.compile_attention_sm90 import compile_launch
+
+    M, N, K = 256, 2048, 1536
+    G = sm90_tik_v2("gemm")
+    x = torch.randn(M, K).to(torch.bfloat16)
+    w = torch.randn(N, K).to(torch.bfloat16)
+    (fn, grid, args, kw), = _captured(sm90_tik_v2, lambda: G.linear(x, w))
+    assert fn.fn.__name__ == "_linear_tma_kernel"
+    ck = compile_launch(fn, args, dict(kw))
+    kern = types.SimpleNamespace(src=ck.src, metadata=ck.metadata, function=0x1234)
+    plan, why = NL.plan(fn, args, kw, kern)
+    assert plan, why
+    assert plan[0][:3] == [NL.GP_DESC] * 3 and plan[1][0][4] == tuple(ck.metadata.tensordesc_meta[0]["block_size"])
+    m.invalidate()
+    assert m.glearn(fn, grid, args, kw, plan) is True
+    def want(a):
+        out = []
+        for d in a[:3]:
+            out += [(NL.GP_DESC, None)] + [(NL.GP_I32, s) for s in d.shape] + [(NL.GP_I64, s) for s in d.strides]
+        return out + [(NL.GP_PTR, a[3].data_ptr())] + [(NL.GP_I32, v) for v in a[4:]]
+
+    assert m.gderive(fn, grid, args, kw, False) == want(args)
+    # same class, other operands (another M and N of the same class where M is a multiple of 16)
+    M2, N2 = M + 16, N + 16
+    x2 = torch.randn(M2, K).to(torch.bfloat16)
+    w2 = torch.randn(N2, K).to(torch.bfloat16)
+    (fn2, grid2, args2, kw2), = _captured(sm90_tik_v2, lambda: G.linear(x2, w2))
+    if kw2 == kw:
+        assert m.gderive(fn2, grid2, args2, kw2, False) == want(args2)
+    # M one larger (not divisible by 16) or another block shape: other classes, Triton's path
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    assert m.gderive(fn, grid, args[:4] + (M + 1,) + args[5:], kw, False) is None
+    d = args[0]
+    other = TensorDescriptor(d.base, d.shape, d.strides, [d.block_shape[0] // 2, d.block_shape[1]])
+    assert m.gderive(fn, grid, (other,) + args[1:], kw, False) is None
+    m.invalidate()
+
+
+def _jit_params(names_constexpr):
+    return [types.SimpleNamespace(name=n, is_constexpr=c) for n, c in names_constexpr]
+
+
+def test_plan_refuses_calling_conventions_it_cannot_serve():
+    md = types.SimpleNamespace(num_ctas=1, num_warps=4, shared=0, launch_pdl=True, launch_cooperative_grid=False,
+                               global_scratch_size=0, profile_scratch_size=0, tensordesc_meta=None)
+    sig = {"X": "*bf16", "n": "i32", "B": "constexpr"}
+    kern = types.SimpleNamespace(src=types.SimpleNamespace(signature=sig), metadata=md, function=1)
+    fn = types.SimpleNamespace(params=_jit_params([("X", False), ("n", False), ("B", True)]))
+    t = torch.empty(4)
+    assert NL.plan(fn, (t, 3), {"B": 4}, kern)[0][0] == [NL.GP_PTR, NL.GP_I32]
+    assert NL.plan(fn, (t,), {"n": 3, "B": 4}, kern) == (False, "parameter n passed by keyword")
+    assert NL.plan(fn, (t, 3, 4), {}, kern) == (False, "constexpr B passed positionally")
+    assert NL.plan(fn, (t,), {"B": 4}, kern) == (False, "parameter n left to its default")
+    assert NL.plan(fn, (t, 3), {"B": 4}, types.SimpleNamespace(
+        src=kern.src, metadata=types.SimpleNamespace(**{**vars(md), "num_ctas": 2}), function=1))[0] is None
+    sig2 = {"X": "*bf16", "n": "u64", "B": "constexpr"}
+    assert NL.plan(fn, (t, 2 ** 63), {"B": 4}, types.SimpleNamespace(
+        src=types.SimpleNamespace(signature=sig2), metadata=md, function=1)) == (None, "parameter n of type u64")
+
+
+class _FakeNative:
+    def __init__(self):
+        self.variants, self.learned = {}, []
+
+    def glaunch(self, fn, grid, args, kw):
+        return self.variants.get((fn, len(args)), False)
+
+    def glearn(self, fn, grid, args, kw, plan, reason=None):
+        self.learned.append((fn, plan, reason))
+        return True
+
+
+def test_installed_wrapper_learns_then_serves(monkeypatch):
+    mod = types.ModuleType("fake_rowops")
+    calls = []
+
+    def py_launch(fn, grid, *args, **kw):
+        calls.append((fn, grid, args, kw))
+        return "kernel-from-triton"
+
+    mod._launch = py_launch
+    NL.install(mod, "_launch")
+    assert mod._launch.__wrapped__ is py_launch
+    NL.install(mod, "_launch")  # idempotent
+    assert mod._launch.__wrapped__ is py_launch
+    fake = _FakeNative()
+    monkeypatch.setitem(NL._STATE, "m", fake)
+    learned = []
+    monkeypatch.setattr(NL, "learn", lambda m, fn, grid, args, kw, k: learned.append((fn, k)) or (True, ""))
+    class Kernel:
+        pre_run_hooks: list = []
+
+    fn = Kernel()
+    assert mod._launch(fn, (1,), 1, 2, A=3) == "kernel-from-triton"
+    assert len(calls) == 1 and learned == [(fn, "kernel-from-triton")]
+    fake.variants[(fn, 2)] = "kernel-native"
+    assert mod._launch(fn, (1,), 1, 2, A=3) == "kernel-native"
+    assert len(calls) == 1
+    # a pre-run hook, or a kernel refused for its calling convention: Triton's path, nothing learned
+    fn.pre_run_hooks = [lambda *a, **k: None]
+    assert mod._launch(fn, (1,), 1, 2) == "kernel-from-triton"
+    fn.pre_run_hooks = []
+    monkeypatch.setitem(NL.REFUSED_KERNELS, fn, "why")
+    assert mod._launch(fn, (1,), 1, 2) == "kernel-from-triton" and len(learned) == 1
+    # without the native module every call takes the wrapped path
+    monkeypatch.setitem(NL._STATE, "m", None)
+    assert mod._launch(fn, (1,), 1, 2) == "kernel-from-triton"
+
+
+def test_loader_installs_the_wrapper_where_the_manifest_says():
+    impl = loader.get_implementation()
+    spec = impl.manifest["native_host_path"]["launch"]
+    name, _, attr = spec.partition(":")
+    f = getattr(impl.module(name), attr)
+    assert getattr(f, "__tik_native_launch__", False) and callable(f.__wrapped__)
