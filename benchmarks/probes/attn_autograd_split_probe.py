@@ -88,33 +88,45 @@ def main(argv=None) -> int:
             step()
         total = time.perf_counter() - t
         torch.cuda.synchronize()
-        prof["on"] = True
+        split = {name: s / args.n * 1e6 for name, s in acc.items()}
+        prof["on"] = True  # the backward body, profiled on the engine's thread
         for _ in range(args.n):
             step()
+        torch.cuda.synchronize()
+        prof["on"] = False  # then the main thread (one profiler at a time: Python 3.12's are process-wide)
+        main_prof = cProfile.Profile()
+        main_prof.enable()
+        for _ in range(args.n):
+            step()
+        main_prof.disable()
         torch.cuda.synchronize()
     finally:
         OA._AttnVarlen.forward, OA._AttnVarlen.backward = staticmethod(fwd0), staticmethod(bwd0)
         A.prefill, A.prefill_backward = pf, pb
-    split = {name: s / args.n * 1e6 for name, s in acc.items()}
-    top = []
-    if prof["p"] is not None:
-        st = pstats.Stats(prof["p"])
-        for (file, line, name), (cc, nc, tt, ct, _) in st.stats.items():
-            top.append({"fn": f"{os.path.basename(file)}:{line}:{name}", "own_us_per_step": tt / args.n * 1e6,
-                        "cum_us_per_step": ct / args.n * 1e6, "calls_per_step": nc / args.n})
-        top.sort(key=lambda r: -r["own_us_per_step"])
+
+    def top_of(p):
+        rows = []
+        for (file, line, name), (cc, nc, tt, ct, _) in pstats.Stats(p).stats.items():
+            rows.append({"fn": f"{os.path.basename(file)}:{line}:{name}", "own_us_per_step": tt / args.n * 1e6,
+                         "cum_us_per_step": ct / args.n * 1e6, "calls_per_step": nc / args.n})
+        rows.sort(key=lambda r: -r["own_us_per_step"])
+        return rows[:20]
+
+    top = top_of(prof["p"]) if prof["p"] is not None else []
+    main_top = top_of(main_prof)
     rec = {"schema": "areal-tik-attn-autograd-split-probe/1", "cell": args.cell,
            "implementation": loader.get_implementation().name, "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "host_us_per_step": total / args.n * 1e6,
-           "split_us_per_step": split, "backward_profile": top[:15]}
+           "split_us_per_step": split, "backward_profile": top, "main_thread_profile": main_top}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "attn_autograd_split_probe.json"), "w") as f:
         json.dump(rec, f, indent=1)
     print(f"step host {rec['host_us_per_step']:.1f} us ({args.cell})")
     for name, us in split.items():
         print(f"  {name:<46} {us:8.1f} us")
-    for r in top[:8]:
-        print(f"  bwd profile {r['fn']:<50} own {r['own_us_per_step']:7.1f} cum {r['cum_us_per_step']:7.1f}")
+    for label, rows in (("main", main_top), ("bwd", top)):
+        for r in rows[:10]:
+            print(f"  {label} profile {r['fn']:<56} own {r['own_us_per_step']:7.1f} cum {r['cum_us_per_step']:7.1f}")
     return 0
 
 

@@ -162,7 +162,9 @@ def test_tma_gemm_variant_parameters(m, sm90_tik_v2):
     assert fn.fn.__name__ == "_linear_tma_kernel"
     ck = compile_launch(fn, args, dict(kw))
     kern = types.SimpleNamespace(src=ck.src, metadata=ck.metadata, function=0x1234)
-    plan, why = NL.plan(fn, args, kw, kern)
+    ap, vals, ckw = NL.layout(fn, args, kw)
+    assert vals == tuple(args) and ckw == kw  # every runtime parameter passed positionally
+    plan, why = NL.plan(ap, vals, ckw, kern)
     assert plan, why
     assert plan[0][:3] == [NL.GP_DESC] * 3 and plan[1][0][4] == tuple(ck.metadata.tensordesc_meta[0]["block_size"])
     m.invalidate()
@@ -191,26 +193,41 @@ def test_tma_gemm_variant_parameters(m, sm90_tik_v2):
     m.invalidate()
 
 
-def _jit_params(names_constexpr):
-    return [types.SimpleNamespace(name=n, is_constexpr=c) for n, c in names_constexpr]
+def _jit_params(spec):
+    return [types.SimpleNamespace(name=n, is_constexpr=c, default=d) for n, c, d in spec]
 
 
-def test_plan_refuses_calling_conventions_it_cannot_serve():
+def test_plan_and_layout_of_calling_conventions(monkeypatch):
+    """Runtime parameters after the positional ones (by keyword or left to their default) are appended in
+    parameter order; a declared constexpr passed positionally, a runtime parameter among the options, clusters
+    and unknown parameter types are refused."""
     md = types.SimpleNamespace(num_ctas=1, num_warps=4, shared=0, launch_pdl=True, launch_cooperative_grid=False,
                                global_scratch_size=0, profile_scratch_size=0, tensordesc_meta=None)
-    sig = {"X": "*bf16", "n": "i32", "B": "constexpr"}
+    sig = {"X": "*bf16", "n": "i32", "B": "constexpr", "V": "*fp32", "s": "i32"}
     kern = types.SimpleNamespace(src=types.SimpleNamespace(signature=sig), metadata=md, function=1)
-    fn = types.SimpleNamespace(params=_jit_params([("X", False), ("n", False), ("B", True)]))
-    t = torch.empty(4)
-    assert NL.plan(fn, (t, 3), {"B": 4}, kern)[0][0] == [NL.GP_PTR, NL.GP_I32]
-    assert NL.plan(fn, (t,), {"n": 3, "B": 4}, kern) == (False, "parameter n passed by keyword")
-    assert NL.plan(fn, (t, 3, 4), {}, kern) == (False, "constexpr B passed positionally")
-    assert NL.plan(fn, (t,), {"B": 4}, kern) == (False, "parameter n left to its default")
-    assert NL.plan(fn, (t, 3), {"B": 4}, types.SimpleNamespace(
+    class Kernel:
+        params = _jit_params([("X", False, None), ("n", False, None), ("B", True, None), ("V", False, None),
+                              ("s", False, 0)])
+
+    fn = Kernel()
+    monkeypatch.setattr(NL, "TRAILING", {})
+    t, v = torch.empty(4), torch.empty(2)
+    ap, vals, ckw = NL.layout(fn, (t, 3), {"B": 4, "V": v})
+    assert [p.name for p in ap] == ["X", "n", "V", "s"] and vals == (t, 3, v, 0) and ckw == {"B": 4}
+    assert NL.TRAILING[fn][:2] == (2, (("V", None), ("s", 0)))
+    assert NL.plan(ap, vals, ckw, kern)[0][0] == [NL.GP_PTR, NL.GP_I32, NL.GP_PTR, NL.GP_I32]
+    ap2, vals2, _ = NL.layout(fn, (t, 3), {"B": 4, "s": 5})  # V left to None: a constexpr in that variant
+    assert vals2 == (t, 3, None, 5)
+    sig_none = dict(sig, V="constexpr")
+    kern2 = types.SimpleNamespace(src=types.SimpleNamespace(signature=sig_none), metadata=md, function=1)
+    assert NL.plan(ap2, vals2, {"B": 4}, kern2)[0][0] == [NL.GP_PTR, NL.GP_I32, NL.GP_DROP, NL.GP_I32]
+    assert NL.plan(fn.params[:3], (t, 3, 4), {}, kern) == (False, "constexpr B passed positionally")
+    assert NL.plan(ap, vals, {"B": 4, "n": 3}, kern) == (False, "runtime parameter n among the keyword options")
+    assert NL.plan(ap, vals, ckw, types.SimpleNamespace(
         src=kern.src, metadata=types.SimpleNamespace(**{**vars(md), "num_ctas": 2}), function=1))[0] is None
-    sig2 = {"X": "*bf16", "n": "u64", "B": "constexpr"}
-    assert NL.plan(fn, (t, 2 ** 63), {"B": 4}, types.SimpleNamespace(
-        src=types.SimpleNamespace(signature=sig2), metadata=md, function=1)) == (None, "parameter n of type u64")
+    sig2 = dict(sig, n="u64")
+    assert NL.plan(ap, vals, ckw, types.SimpleNamespace(src=types.SimpleNamespace(signature=sig2), metadata=md,
+                                                        function=1)) == (None, "parameter n of type u64")
 
 
 class _FakeNative:

@@ -28,9 +28,14 @@ _TMA_HOST.update({8: 10, 9: 8, 10: 9})
 _SCALARS = {"i32": GP_I32, "i64": GP_I64, "fp32": GP_F32, "i1": GP_I8, "u1": GP_I8}
 _UNSET = object()
 
-# kernels whose calling convention the path does not take (a non-constexpr parameter passed by keyword, a
-# declared constexpr passed positionally, a parameter left to its default): always Triton's path
+# kernels whose calling convention the path does not take (a declared constexpr passed positionally, a
+# runtime parameter among the keyword options): always Triton's path
 REFUSED_KERNELS: dict = {}
+# kernels with runtime (non-constexpr) parameters after the positional ones, passed by keyword or left to
+# their defaults (e.g. rope's optional KV-write operands): fn -> (positional count, ((name, default), ...),
+# their names). Those values are appended to the positional arguments in parameter order, so the C side
+# classifies them like any argument (a tensor by dtype and alignment, not by identity).
+TRAILING: dict = {}
 _STATE = {"m": _UNSET}
 
 
@@ -50,6 +55,7 @@ def reset() -> None:
     """Forget the module lookup (tests; the native module was reset)."""
     _STATE["m"] = _UNSET
     REFUSED_KERNELS.clear()
+    TRAILING.clear()
 
 
 def install(mod, attr: str) -> None:
@@ -69,7 +75,15 @@ def install(mod, attr: str) -> None:
         if m is None or fn in REFUSED_KERNELS or rt.debug or comp.instrumentation_mode or _hooked(rt.launch_enter_hook) \
                 or _hooked(rt.launch_exit_hook) or getattr(fn, "pre_run_hooks", None):
             return py_launch(fn, grid, *args, **kw)
-        r = m.glaunch(fn, grid, args, kw)
+        tr = TRAILING.get(fn)
+        if tr is None:
+            cargs, ckw = args, kw
+        elif len(args) != tr[0]:
+            return py_launch(fn, grid, *args, **kw)
+        else:
+            cargs = args + tuple(kw.get(n, d) for n, d in tr[1])
+            ckw = {k: v for k, v in kw.items() if k not in tr[2]}
+        r = m.glaunch(fn, grid, cargs, ckw)
         if r is not None and r is not False:
             return r
         k = py_launch(fn, grid, *args, **kw)
@@ -86,30 +100,41 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def plan(fn, args, kw, kernel):
-    """``(plan, "")`` for ``glearn`` from the compiled kernel Triton launched for this call, ``(None, why)``
-    when the call's class is refused, or ``(False, why)`` when the kernel's calling convention is."""
+def layout(fn, args, kw):
+    """The arguments the C side classifies for this call: ``(params, values, keywords)`` -- the positional
+    arguments, then the runtime parameters after them (:data:`TRAILING`), and the keywords left."""
+    tr = TRAILING.get(fn)
+    params = list(fn.params)
+    if tr is None:
+        trailing = [p for p in params[len(args):] if not p.is_constexpr]
+        if not trailing:
+            return params[:len(args)], tuple(args), kw
+        names = tuple((p.name, p.default) for p in trailing)
+        tr = TRAILING[fn] = (len(args), names, frozenset(n for n, _ in names))
+    byname = {p.name: p for p in params}
+    extra = [byname[n] for n, _ in tr[1]]
+    return (params[:tr[0]] + extra, tuple(args) + tuple(kw.get(n, d) for n, d in tr[1]),
+            {k: v for k, v in kw.items() if k not in tr[2]})
+
+
+def plan(arg_params, values, kw, kernel):
+    """``(plan, "")`` for ``glearn`` from the compiled kernel Triton launched for this call (arguments as
+    :func:`layout` lays them out), ``(None, why)`` when the call's class is refused, or ``(False, why)`` when
+    the kernel's calling convention is."""
     md = kernel.metadata
     if getattr(md, "num_ctas", 1) != 1:
         return None, "clusters (num_ctas > 1)"
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
         return None, "global or profile scratch memory"
     sig = kernel.src.signature
-    params = list(fn.params)
-    if len(args) > len(params):
-        return False, "more positional arguments than parameters"
     for name in kw:
         if name in sig and sig[name] != "constexpr":
-            return False, f"parameter {name} passed by keyword"
-    for i, p in enumerate(params):
-        if i < len(args):
-            if p.is_constexpr:
-                return False, f"constexpr {p.name} passed positionally"
-        elif p.name not in kw and sig.get(p.name) != "constexpr":
-            return False, f"parameter {p.name} left to its default"
+            return False, f"runtime parameter {name} among the keyword options"
     metas = list(getattr(md, "tensordesc_meta", None) or [])
     kinds, descs, di = [], [], 0
-    for p, v in zip(params, args):
+    for p, v in zip(arg_params, values):
+        if p.is_constexpr:
+            return False, f"constexpr {p.name} passed positionally"
         ty = sig[p.name]
         if ty == "constexpr":
             kinds.append(GP_DROP)
@@ -133,7 +158,7 @@ def plan(fn, args, kw, kernel):
             bool(getattr(md, "launch_pdl", False)), bool(getattr(md, "launch_cooperative_grid", False)), kernel), ""
 
 
-def expected(m, fn, args, kernel) -> list:
+def expected(m, arg_params, values, kernel) -> list:
     """What Triton's launcher passes for this call: [(kind, value)] in parameter order (floats as fp32 bits,
     TMA descriptors as the 128 bytes Triton encodes)."""
     from triton.backends.nvidia.driver import make_tensordesc_arg
@@ -141,7 +166,7 @@ def expected(m, fn, args, kernel) -> list:
     sig = kernel.src.signature
     metas = list(getattr(kernel.metadata, "tensordesc_meta", None) or [])
     out, di = [], 0
-    for p, v in zip(fn.params, args):
+    for p, v in zip(arg_params, values):
         ty = sig[p.name]
         if ty == "constexpr":
             continue
@@ -164,21 +189,23 @@ def learn(m, fn, grid, args, kw, kernel) -> tuple[bool, str]:
     """Register the variant of this call's class from Triton's launch of it (or refuse the class or the
     kernel); returns (registered, reason)."""
     try:
-        p, why = plan(fn, args, kw, kernel)
+        arg_params, values, ckw = layout(fn, args, kw)
+        p, why = plan(arg_params, values, ckw, kernel)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         p, why = None, f"cannot read the compiled kernel: {type(e).__name__}: {e}"[:90]
+        arg_params, values, ckw = None, args, kw
     if p is False:
         REFUSED_KERNELS[fn] = why
         return False, why
     if p is None:
-        m.glearn(fn, grid, args, kw, None, why)
+        m.glearn(fn, grid, values, ckw, None, why)
         return False, why
-    m.glearn(fn, grid, args, kw, p)
-    ours = m.gderive(fn, grid, args, kw, True)
-    theirs = expected(m, fn, args, kernel)
+    m.glearn(fn, grid, values, ckw, p)
+    ours = m.gderive(fn, grid, values, ckw, True)
+    theirs = expected(m, arg_params, values, kernel)
     if ours != theirs:
         bad = next((i for i, (a, b) in enumerate(zip(ours or [], theirs)) if a != b), min(len(ours or []), len(theirs)))
         why = f"derived parameter {bad} differs from Triton's"
-        m.glearn(fn, grid, args, kw, None, why)
+        m.glearn(fn, grid, values, ckw, None, why)
         return False, why
     return True, ""
