@@ -125,7 +125,7 @@ class Implementation:
 
     def _install_native_launch(self) -> None:
         """The manifest's ``native_host_path.launch`` (``module:attr`` of the kernel modules' launch helper)
-        goes through the generic native launcher (:mod:`areal_tik_plugin.runtime.native.launch`)."""
+        is handed to the :func:`on_launch_helper` callbacks (the generic native launcher wraps it)."""
         spec = (self.manifest.get("native_host_path") or {}).get("launch")
         if not spec:
             return
@@ -134,9 +134,9 @@ class Implementation:
         if not callable(getattr(mod, attr, None)):
             raise ImplementationError(f"implementation {self.name!r}: native_host_path.launch names {spec!r}, "
                                       f"which is not a function of {self.package}.{name}")
-        from areal_tik_plugin.runtime.native import launch as native_launch
-
-        native_launch.install(mod, attr)
+        _LAUNCH_HELPERS.append((mod, attr))
+        for fn in list(_LAUNCH_LISTENERS):
+            fn(mod, attr)
 
     def entry(self, op: str):
         """The callable behind an entry point named in the manifest (e.g. ``attention.decode``)."""
@@ -339,6 +339,21 @@ def set_implementation(name_or_path: str | None) -> Implementation | None:
 # set: whatever was derived from the loaded kernels (the native host path's launch plans) must be dropped.
 # A hook, so that the loader imports nothing of what builds on it.
 _CHANGE_LISTENERS: list = []
+
+
+# Launch helpers of the loaded implementations (module, attribute) and the callbacks that wrap them
+# (areal_tik_plugin.runtime.native.launch registers itself when imported): a hook, as for on_change.
+_LAUNCH_HELPERS: list = []
+_LAUNCH_LISTENERS: list = []
+
+
+def on_launch_helper(fn) -> None:
+    """Call ``fn(module, attr)`` for the launch helper of every implementation loaded so far and later."""
+    if fn in _LAUNCH_LISTENERS:
+        return
+    _LAUNCH_LISTENERS.append(fn)
+    for mod, attr in list(_LAUNCH_HELPERS):
+        fn(mod, attr)
 
 
 def on_change(fn) -> None:

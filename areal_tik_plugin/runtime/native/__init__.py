@@ -399,8 +399,10 @@ def forward(entry: str, args: tuple, run):
 
 def _register() -> None:
     from areal_tik_plugin.runtime import loader
+    from areal_tik_plugin.runtime.native import launch
 
     loader.on_change(invalidate)
+    loader.on_launch_helper(launch.install)
 
 
 _register()
