@@ -113,26 +113,6 @@ def test_refused_class_stays_refused(m):
     m.invalidate()
 
 
-@pytest.fixture
-def sm90_tik_v2():
-    """tik_v2's kernel modules loaded outside the interpreter (what an sm_90 launch builds)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-    from benchmarks.compile_rowops_sm90 import load_impl_no_interp
-
-    interp = os.environ.get("TRITON_INTERPRET")
-    try:
-        mod = load_impl_no_interp(os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "tik_v2"))
-        R = mod("_rowops")
-        R._PDL_DEVICES[-1] = True
-        R.FAST_LAUNCH = False
-        yield mod
-    finally:
-        if interp is not None:
-            os.environ["TRITON_INTERPRET"] = interp
-        for k in [k for k in sys.modules if k.startswith("_tik_sm90_check")]:
-            del sys.modules[k]
-
-
 def _captured(mod, call):
     from benchmarks.compile_rowops_sm90 import Capture
 
@@ -148,7 +128,39 @@ def _captured(mod, call):
 
 
 @needs_triton36
-def test_tma_gemm_variant_parameters(m, sm90_tik_v2):
+def test_tma_gemm_variant_parameters():
+    """Run in a fresh interpreter: compiling for sm_90 needs a Triton without the interpreter state the
+    other tests leave behind."""
+    import subprocess
+
+    code = ("import sys, torch, tests.runtime.test_native_launch as t; "
+            "t._run_tma_gemm_check(); print('OK')")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root, env=env)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def _run_tma_gemm_check():
+    import tempfile
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    os.environ["TIK_CACHE_DIR"] = tempfile.mkdtemp()
+    mod = native.load_module(native.build())
+    mod.setup_cpu(torch)
+    mod.gsetup(TensorDescriptor)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+    from benchmarks.compile_rowops_sm90 import load_impl_no_interp
+
+    impl = load_impl_no_interp(os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "tik_v2"))
+    R = impl("_rowops")
+    R._PDL_DEVICES[-1] = True
+    R.FAST_LAUNCH = False
+    _tma_gemm_variant_parameters(mod, impl)
+
+
+def _tma_gemm_variant_parameters(m, sm90_tik_v2):
     """The GEMM's TMA configuration compiled for sm_90: every parameter of the variant, in signature order,
     is what Triton's launcher passes (descriptor: the map, then its shape as i32 and strides as i64); a
     second call of the same class gets its own pointers and sizes, a misaligned operand is another class."""
