@@ -10,31 +10,24 @@ Usage: ``python -m benchmarks.probes.attn_autograd_split_probe [--cell 1x1152] -
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import json
 import os
 import pstats
 import time
 
+from benchmarks.probes._attn_cell import inputs, parse
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cell", default="1x1152")
-    ap.add_argument("--n", type=int, default=50)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    args = ap.parse_args(argv)
+    args = parse(argv)
     import torch
 
     import areal_tik_plugin.ops.attention as OA
     from areal_tik_plugin.runtime import loader
 
     A = loader.current_module("attention")
-    Bn, L = (int(x) for x in args.cell.split("x"))
-    T, Hq, Hkv, D = Bn * L, 32, 8, 128
-    q, k, v, do = (torch.randn(T, h, D, device="cuda").to(torch.bfloat16) for h in (Hq, Hkv, Hkv, Hq))
-    cu = torch.arange(0, T + 1, L, device="cuda", dtype=torch.int32)
-    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    L, q, k, v, do, cu, (qg, kg, vg) = inputs(torch, args.cell)
     acc: dict = {}
 
     def add(name, dt):

@@ -8,20 +8,17 @@ Usage: ``python -m benchmarks.probes.attn_thread_probe [--cell 1x1152] --out DIR
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import queue
 import threading
 import time
 
+from benchmarks.probes._attn_cell import inputs, parse
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cell", default="1x1152")
-    ap.add_argument("--n", type=int, default=50)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    args = ap.parse_args(argv)
+    args = parse(argv)
     import torch
 
     from areal_tik_plugin.ops.attention import attention_varlen
@@ -29,13 +26,9 @@ def main(argv=None) -> int:
 
     A = loader.current_module("attention")
     R = loader.current_module("_rowops")
-    Bn, L = (int(x) for x in args.cell.split("x"))
-    T, Hq, Hkv, D = Bn * L, 32, 8, 128
-    scale = D ** -0.5
-    q, k, v, do = (torch.randn(T, h, D, device="cuda").to(torch.bfloat16) for h in (Hq, Hkv, Hkv, Hq))
-    cu = torch.arange(0, T + 1, L, device="cuda", dtype=torch.int32)
+    L, q, k, v, do, cu, (qg, kg, vg) = inputs(torch, args.cell)
+    scale = q.shape[-1] ** -0.5
     o, lse = A.prefill(q, k, v, cu, L, scale, return_lse=True)
-    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
 
     stats = {"launch_s": 0.0, "launches": 0, "fallback_run": 0, "threads": set()}
     orig_launch = R._launch

@@ -13,6 +13,8 @@ import argparse
 import json
 import os
 
+from benchmarks.probes.tma_host_probe import kernel_cold_us
+
 
 def _cases(torch, ops, gen):
     dev = "cuda"
@@ -74,22 +76,6 @@ def _cases(torch, ops, gen):
     return out
 
 
-def _gpu_cold_us(torch, fn, n=30):
-    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-    ts = []
-    for _ in range(n):
-        flush.zero_()
-        torch.cuda._sleep(2_000_000)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -118,7 +104,7 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         return {"host_us": bench.host_us(fn, n=100, reps=3, warmup=3),
                 "cold_us": float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3,
-                "gpu_cold_us": _gpu_cold_us(torch, fn)}
+                "gpu_cold_us": kernel_cold_us(fn, n=30)}
 
     for name, fn in cases:
         row = {"case": name}

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
 import os
 import pstats
@@ -33,7 +32,7 @@ CELLS = [  # (M, N, K): TMA configurations of the committed evidence, then point
 ]
 
 
-def _gpu_cold_us(fn, n=50):
+def kernel_cold_us(fn, n=50):
     """Median over ``n`` calls of the kernel time with L2 flushed and the host off the interval."""
     import torch
 
@@ -77,7 +76,7 @@ def measure(fn, R, drv):
         fn()
     torch.cuda.synchronize()
     out = {"cold_us": float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3,
-           "gpu_cold_us": _gpu_cold_us(fn), "graph_us": bench.time_graph_us(fn), "host_us": bench.host_us(fn)}
+           "gpu_cold_us": kernel_cold_us(fn), "graph_us": bench.time_graph_us(fn), "host_us": bench.host_us(fn)}
     stats = {"desc_s": 0.0, "descs": 0, "fallbacks": 0}
     orig_desc, orig_launch = drv.make_tensordesc_arg, R._launch
 
@@ -130,7 +129,7 @@ def _variants(fn, R, drv):
             fn()
         torch.cuda.synchronize()
         return {"cold_us": float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3,
-                "gpu_cold_us": _gpu_cold_us(fn), "host_us": bench.host_us(fn)}
+                "gpu_cold_us": kernel_cold_us(fn), "host_us": bench.host_us(fn)}
 
     out = {}
     pdl = R.PDL
@@ -191,7 +190,7 @@ def main(argv=None) -> int:
         r.update(measure(lambda: G.linear(x, w), R, drv))
         r["cublas"] = {"cold_us": float(triton.testing.do_bench(
             lambda: torch.nn.functional.linear(x, w), warmup=25, rep=100, return_mode="median")) * 1e3,
-            "gpu_cold_us": _gpu_cold_us(lambda: torch.nn.functional.linear(x, w))}
+            "gpu_cold_us": kernel_cold_us(lambda: torch.nn.functional.linear(x, w))}
         if (M, N, K) == CELLS[0]:
             r["variants"] = _variants(lambda: G.linear(x, w), R, drv)
         results.append(r)

@@ -13,28 +13,11 @@ import pytest
 import torch
 
 from areal_tik_plugin.runtime import loader, native
-from areal_tik_plugin import versions
-
-# The derivation is checked against Triton 3.6's own binder (native_specialize_impl) and serves 3.6's
-# compiled-kernel ABI; on another Triton the native path is off (native.module() returns None) and the
-# ops take Triton's launch path, which the op tests cover.
-needs_triton36 = pytest.mark.skipif(not versions.fast_host_path(),
-                                    reason="the native host path is built for Triton 3.6's kernel ABI")
-
+from tests.helpers.native_build import build_native, needs_triton36
 
 @pytest.fixture(scope="module")
 def m(tmp_path_factory):
-    import os
-
-    old = os.environ.get("TIK_CACHE_DIR")
-    os.environ["TIK_CACHE_DIR"] = str(tmp_path_factory.mktemp("native-cache"))
-    try:
-        mod = native.load_module(native.build())
-    finally:
-        if old is None:
-            os.environ.pop("TIK_CACHE_DIR", None)
-        else:
-            os.environ["TIK_CACHE_DIR"] = old
+    mod = build_native(tmp_path_factory)
     mod.setup_cpu(torch)
     yield mod
     mod.invalidate()

@@ -315,17 +315,59 @@ static int ensure_driver(void) {
   return 1;
 }
 
-static int launch_plan(const plan_t *pl, const launch_t *L) {
-  if (L->grid[0] * L->grid[1] * L->grid[2] == 0) return 1;
-  if (!ensure_driver()) return 0;
-  PyObject *idx = PyLong_FromLong(pl->device);
+/* The current torch stream of ``device`` (torch._C._cuda_getCurrentRawStream). 1: read; 0: error set. */
+static int cur_stream(int device, unsigned long long *out) {
+  PyObject *idx = PyLong_FromLong(device);
   if (!idx) return 0;
   PyObject *so = PyObject_CallOneArg(g_raw_stream, idx);
   Py_DECREF(idx);
   if (!so) return 0;
-  CUstream stream = (CUstream)PyLong_AsVoidPtr(so);
+  *out = PyLong_AsUnsignedLongLong(so);
   Py_DECREF(so);
-  if (PyErr_Occurred()) return 0;
+  return !PyErr_Occurred();
+}
+
+/* cuLaunchKernelEx with Triton's launch options: 32 * num_warps threads, dynamic shared memory, PDL and
+ * cooperative attributes as the compiled kernel's metadata says. 1: launched; 0: error set. */
+static int cu_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, int num_warps, int shared, int pdl,
+                     int coop, CUstream stream, void **params) {
+  CUlaunchAttribute attrs[2];
+  CUlaunchConfig cfg;
+  memset(&cfg, 0, sizeof cfg);
+  memset(attrs, 0, sizeof attrs);
+  cfg.gridDimX = gx;
+  cfg.gridDimY = gy;
+  cfg.gridDimZ = gz;
+  cfg.blockDimX = 32u * (unsigned)num_warps;
+  cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.sharedMemBytes = (unsigned)shared;
+  cfg.hStream = stream;
+  cfg.attrs = attrs;
+  int na = 0;
+  if (pdl) {
+    attrs[na].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[na].value.programmaticStreamSerializationAllowed = 1;
+    na++;
+  }
+  if (coop) {
+    attrs[na].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[na].value.cooperative = 1;
+    na++;
+  }
+  cfg.numAttrs = (unsigned)na;
+  CUresult rc = g_launch(&cfg, fn, params, NULL);
+  if (rc != CUDA_SUCCESS) {
+    PyErr_Format(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: cuLaunchKernelEx failed (CUresult %d)", (int)rc);
+    return 0;
+  }
+  return 1;
+}
+
+static int launch_plan(const plan_t *pl, const launch_t *L) {
+  if (L->grid[0] * L->grid[1] * L->grid[2] == 0) return 1;
+  if (!ensure_driver()) return 0;
+  unsigned long long stream;
+  if (!cur_stream(pl->device, &stream)) return 0;
   unsigned long long pv[MAXP];
   void *params[MAXP + 2];
   unsigned long long zero0 = 0, zero1 = 0;
@@ -350,37 +392,8 @@ static int launch_plan(const plan_t *pl, const launch_t *L) {
   }
   params[np++] = &zero0; /* global_scratch (plans require size 0) */
   params[np++] = &zero1; /* profile_scratch (size 0) */
-  CUlaunchAttribute attrs[4];
-  CUlaunchConfig cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.gridDimX = (unsigned)(L->grid[0] * pl->num_ctas);
-  cfg.gridDimY = (unsigned)L->grid[1];
-  cfg.gridDimZ = (unsigned)L->grid[2];
-  cfg.blockDimX = 32u * (unsigned)pl->num_warps;
-  cfg.blockDimY = cfg.blockDimZ = 1;
-  cfg.sharedMemBytes = (unsigned)pl->shared;
-  cfg.hStream = stream;
-  cfg.attrs = attrs;
-  int na = 0;
-  if (pl->pdl) {
-    memset(&attrs[na], 0, sizeof attrs[na]);
-    attrs[na].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attrs[na].value.programmaticStreamSerializationAllowed = 1;
-    na++;
-  }
-  if (pl->coop) {
-    memset(&attrs[na], 0, sizeof attrs[na]);
-    attrs[na].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    attrs[na].value.cooperative = 1;
-    na++;
-  }
-  cfg.numAttrs = (unsigned)na;
-  CUresult rc = g_launch(&cfg, pl->fn, params, NULL);
-  if (rc != CUDA_SUCCESS) {
-    PyErr_Format(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: cuLaunchKernelEx failed (CUresult %d)", (int)rc);
-    return 0;
-  }
-  return 1;
+  return cu_launch(pl->fn, (unsigned)(L->grid[0] * pl->num_ctas), (unsigned)L->grid[1], (unsigned)L->grid[2],
+                   pl->num_warps, pl->shared, pl->pdl, pl->coop, (CUstream)(uintptr_t)stream, params);
 }
 
 /* torch.empty(shape, dtype=..., device=...) */
@@ -651,14 +664,8 @@ static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nar
   lplan_t *pl = lin_find(in.x.dtype, in.bdtype, in.x.device, in.align, M, N, K, in.x.stride[0], in.w.stride[0], 0);
   if (!pl || !pl->n) MISS();
   if (pl->refused) NOT_HANDLED();
-  PyObject *idx = PyLong_FromLong(pl->device);
-  if (!idx) return NULL;
-  PyObject *so = PyObject_CallOneArg(g_raw_stream, idx);
-  Py_DECREF(idx);
-  if (!so) return NULL;
-  unsigned long long stream = (unsigned long long)PyLong_AsUnsignedLongLong(so);
-  Py_DECREF(so);
-  if (PyErr_Occurred()) return NULL;
+  unsigned long long stream;
+  if (!cur_stream(pl->device, &stream)) return NULL;
   if (pl->stream && pl->stream != stream) NOT_HANDLED();
   if (!ensure_driver()) return NULL;
   PyObject *yshape = Py_BuildValue("(LL)", M, N);
@@ -703,28 +710,9 @@ static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     params[pl->n] = &z0;
     params[pl->n + 1] = &z1;
-    CUlaunchAttribute attrs[1];
-    CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDimX = (unsigned)pl->grid[0];
-    cfg.gridDimY = (unsigned)pl->grid[1];
-    cfg.gridDimZ = (unsigned)pl->grid[2];
-    cfg.blockDimX = 32u * (unsigned)pl->num_warps;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = (unsigned)pl->shared;
-    cfg.hStream = (CUstream)(uintptr_t)stream;
-    cfg.attrs = attrs;
-    if (pl->pdl) {
-      memset(&attrs[0], 0, sizeof attrs[0]);
-      attrs[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-      attrs[0].value.programmaticStreamSerializationAllowed = 1;
-      cfg.numAttrs = 1;
-    }
-    CUresult rc = g_launch(&cfg, pl->fn, params, NULL);
-    if (rc != CUDA_SUCCESS) {
-      PyErr_Format(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: cuLaunchKernelEx failed (CUresult %d)", (int)rc);
+    if (!cu_launch(pl->fn, (unsigned)pl->grid[0], (unsigned)pl->grid[1], (unsigned)pl->grid[2], pl->num_warps,
+                   pl->shared, pl->pdl, 0, (CUstream)(uintptr_t)stream, params))
       goto fail;
-    }
   }
   for (int t = 0; t < LIN_MAXT; t++) Py_XDECREF(tmps[t]); /* the caching allocator keeps stream order */
   g_hits++;
@@ -1333,43 +1321,11 @@ static PyObject *py_glaunch(PyObject *self, PyObject *const *argv, Py_ssize_t na
   params[np] = &z0; /* global_scratch (variants require size 0) */
   params[np + 1] = &z1; /* profile_scratch (size 0) */
   if (c.grid[0] * c.grid[1] * c.grid[2] != 0) {
-    PyObject *idx = PyLong_FromLong(c.device);
-    if (!idx) return NULL;
-    PyObject *so = PyObject_CallOneArg(g_raw_stream, idx);
-    Py_DECREF(idx);
-    if (!so) return NULL;
-    CUstream stream = (CUstream)PyLong_AsVoidPtr(so);
-    Py_DECREF(so);
-    if (PyErr_Occurred()) return NULL;
-    CUlaunchAttribute attrs[2];
-    CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    memset(attrs, 0, sizeof attrs);
-    cfg.gridDimX = (unsigned)c.grid[0];
-    cfg.gridDimY = (unsigned)c.grid[1];
-    cfg.gridDimZ = (unsigned)c.grid[2];
-    cfg.blockDimX = 32u * (unsigned)v->num_warps;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = (unsigned)v->shared;
-    cfg.hStream = stream;
-    cfg.attrs = attrs;
-    int na = 0;
-    if (v->pdl) {
-      attrs[na].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-      attrs[na].value.programmaticStreamSerializationAllowed = 1;
-      na++;
-    }
-    if (v->coop) {
-      attrs[na].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-      attrs[na].value.cooperative = 1;
-      na++;
-    }
-    cfg.numAttrs = (unsigned)na;
-    CUresult rc = g_launch(&cfg, v->func, params, NULL);
-    if (rc != CUDA_SUCCESS) {
-      PyErr_Format(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: cuLaunchKernelEx failed (CUresult %d)", (int)rc);
+    unsigned long long stream;
+    if (!cur_stream(c.device, &stream)) return NULL;
+    if (!cu_launch(v->func, (unsigned)c.grid[0], (unsigned)c.grid[1], (unsigned)c.grid[2], v->num_warps, v->shared,
+                   v->pdl, v->coop, (CUstream)(uintptr_t)stream, params))
       return NULL;
-    }
   }
   g_ghits++;
   return Py_NewRef(v->kernel);
