@@ -236,7 +236,8 @@ def check_native(rec, tag: str, public, python_path, *, n: int = 3, served: bool
     if served is None:  # the path may leave this kind to Triton's launch (e.g. GEMM kernels with TMA descriptors)
         rec.check(f"native_served[{tag}]", True, hits=hits, calls=n, kind="info")
     else:
-        rec.check(f"native_served[{tag}]", hits >= n - 1, hits=hits, calls=n, refused=refused[:4])
+        rec.check(f"native_served[{tag}]", hits >= n - 1, hits=hits, calls=n, refused=refused[:4],
+                  refused_kinds=[f"{e}: {why}" for e, why in list(native._REFUSED)[-4:]])
     ref = python_path()
     refs = ref if isinstance(ref, tuple) else (ref,)
     for i, o in enumerate(outs):

@@ -326,13 +326,13 @@ def run_checks(rec, quick: bool = False) -> None:
 
 NATIVE_CASES = (("qwen3-4b", "qkv"), ("qwen3-4b", "o"), ("qwen3-4b", "gate_up"), ("qwen3-4b", "down"),
                 ("qwen3-4b", "lm_head"), ("qwen2.5-1.5b", "qkv"), ("qwen3-30b-a3b", "router"))
-NATIVE_M = (1, 3, 8, 17, 32, 64, 300)
+NATIVE_M = (1, 3, 8, 17, 32, 64, 300, 1024)
 
 
 def _check_native(rec, cases=NATIVE_CASES, Ms=NATIVE_M):
-    """The native host path's GEMM recipes: public ``linear`` calls it serves == the kernel module's
-    ``linear`` through Triton's launch, eagerly and CUDA-graph captured (kernels it does not serve, e.g.
-    TMA descriptors, run the Python path: checked equal too, served or not), and under autograd."""
+    """The native host path's GEMM recipes: public ``linear`` calls it serves (every configuration: pointer,
+    split partials, host-TMA one program per tile and persistent) == the kernel module's ``linear``
+    through Triton's launch, eagerly and CUDA-graph captured, and under autograd."""
     impl = loader.current_module("gemm")
     for model, layer in cases:
         N, K, hb = SHAPES[(model, layer)]
@@ -341,8 +341,7 @@ def _check_native(rec, cases=NATIVE_CASES, Ms=NATIVE_M):
         for M in Ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             tag = f"{model}/{layer}/M{M}"
-            check_native(rec, tag, lambda: linear(x, w, b), lambda: impl.linear(x, w, b),
-                         served=True if M <= 32 else None)
+            check_native(rec, tag, lambda: linear(x, w, b), lambda: impl.linear(x, w, b), served=True)
         x = torch.randn(5, K, device="cuda", dtype=torch.bfloat16)
         check_native_autograd(rec, f"{model}/{layer}/M5", lambda: (x.clone().requires_grad_(), w.clone().requires_grad_()),
                               lambda a, c: linear(a, c, b))

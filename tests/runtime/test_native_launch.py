@@ -146,6 +146,7 @@ def _run_tma_gemm_check():
     R._PDL_DEVICES[-1] = True
     R.FAST_LAUNCH = False
     _tma_gemm_variant_parameters(mod, impl)
+    _tma_gemm_recipes(mod, impl)
 
 
 def _tma_gemm_variant_parameters(m, sm90_tik_v2):
@@ -191,6 +192,60 @@ def _tma_gemm_variant_parameters(m, sm90_tik_v2):
     other = TensorDescriptor(d.base, d.shape, d.strides, [d.block_shape[0] // 2, d.block_shape[1]])
     assert m.gderive(fn, grid, (other,) + args[1:], kw, False) is None
     m.invalidate()
+
+
+def _tma_gemm_recipes(m, sm90_tik_v2):
+    """The public linear's recipe for the GEMM's TMA configurations compiled for sm_90 (one program per
+    tile, persistent; with and without bias): each descriptor is the map of its operand followed by that
+    operand's sizes (i32) and strides (i64), every other parameter the operand pointer or constant Triton
+    passes, in signature order; the C side derives exactly that for the recorded output."""
+    from benchmarks.compile_attention_sm90 import compile_launch
+
+    G = sm90_tik_v2("gemm")
+    for M, N, K, bias, kname in ((256, 2048, 1536, True, "_linear_tma_kernel"),
+                                 (1024, 1536, 1536, False, "_linear_tma_persistent_kernel")):
+        x = torch.randn(M, K).to(torch.bfloat16)
+        w = torch.randn(N, K).to(torch.bfloat16)
+        b = torch.randn(N).to(torch.bfloat16) if bias else None
+        y = torch.empty(M, N, dtype=torch.bfloat16)
+        (fn, grid, args, kw), = _captured(sm90_tik_v2, lambda: G.linear(x, w, b, out=y))
+        assert fn.fn.__name__ == kname
+        ck = compile_launch(fn, args, dict(kw))
+        kern = types.SimpleNamespace(src=ck.src, metadata=ck.metadata, function=0x1234)
+        table = {"linear_kernels": [kname]}
+        orig = native.host_path_table
+        native.host_path_table = lambda: table
+        try:
+            recipe, why = native.linear_recipe({}, x, w, b, y, [(fn, grid, args, kw, kern)])
+        finally:
+            native.host_path_table = orig
+        assert recipe is not None, why
+        params = recipe[1]
+        descs = [v for k, v in params if k == native.R_DESC]
+        assert [d[0] for d in descs] == [native.R_X, native.R_W, native.R_Y]
+        for d, t in zip(descs, (x, w, y)):
+            assert d[6] == tuple(t.shape) and d[7] == tuple(t.stride())
+        m.invalidate()
+        assert m.learn_linear(x, w, b, recipe, None) is True
+        want = []
+        for a in args:
+            if hasattr(a, "block_shape"):
+                want += [(NL.GP_DESC, None)] + [(NL.GP_I32, s) for s in a.shape] + [(NL.GP_I64, s) for s in a.strides]
+            elif isinstance(a, torch.Tensor):
+                want.append((NL.GP_PTR, a.data_ptr()))
+            else:
+                want.append((NL.GP_I32, a))
+        assert m.linear_derive(x, w, b, y, (), False) == want
+        # another output buffer: only its pointer (and its map) change
+        y2 = torch.empty_like(y)
+        got = m.linear_derive(x, w, b, y2, (), False)
+        assert got == [(k, y2.data_ptr() if (k, v) == (NL.GP_PTR, y.data_ptr()) else v) for k, v in want]
+        # the refused kind stays refused; a mismatched temporaries tuple is an error, not a silent launch
+        with pytest.raises(ValueError, match="temporaries"):
+            m.linear_derive(x, w, b, y, (y,), False)
+        m.learn_linear(x, w, b, None, "test")
+        assert m.linear_derive(x, w, b, y, (), False) is None
+        m.invalidate()
 
 
 def _jit_params(spec):

@@ -302,38 +302,76 @@ def learn(m, op: str, inputs: tuple, outputs: tuple, rec: list) -> tuple[bool, s
     return m.learn(op, inputs, outputs, cfg, grid, params, info, why or None)
 
 
-R_X, R_W, R_B, R_Y, R_TMP, R_FIXED, R_I32, R_I64, R_F32 = range(9)
+R_X, R_W, R_B, R_Y, R_TMP, R_FIXED, R_I32, R_I64, R_F32, R_DESC = range(10)
+LIN_MAXP = 32  # LIN_MAXP in _tik_native.c
 
 
-def linear_recipe(tickets: dict, x, weight, bias, y, rec):
-    """The recipe of a recorded GEMM launch (see ``_tik_native.c``, linear): (recipe, "") or (None, why)."""
+def _desc_param(v, meta, operands, name):
+    """The recipe parameters of a host TMA descriptor argument: ``(R_DESC, spec)`` then its sizes (i32) and
+    strides (i64), as Triton's launcher passes them -- or None with why (not a whole operand)."""
+    from areal_tik_plugin.runtime.native.launch import _TMA_HOST
+
+    if meta is None or meta.get("fp4_padded"):
+        return None, f"parameter {name}: a descriptor lowered without TMA or fp4-padded"
+    base = v.base
+    hits = [k for k, t in operands if t is not None and t.data_ptr() == base.data_ptr()]
+    if len(hits) != 1:
+        return None, f"parameter {name}: a descriptor over no operand (or over two)"
+    t = dict(operands)[hits[0]]
+    shape, strides = [int(s) for s in v.shape], [int(s) for s in v.strides]
+    if len(shape) != 2 or shape != list(t.shape) or strides != list(t.stride()) or base.dtype != t.dtype:
+        return None, f"parameter {name}: a descriptor that is not its operand's full [rows, cols] extent"
+    block = tuple(int(b) for b in meta["block_size"])
+    if len(block) != 2:
+        return None, f"parameter {name}: a block of rank {len(block)}"
+    spec = (hits[0], int(meta["swizzle"]), int(meta["elem_size"]), _TMA_HOST[int(meta["elem_type"])],
+            1 if getattr(v, "padding", "zero") == "nan" else 0, block, tuple(shape), tuple(strides))
+    return [(R_DESC, spec)] + [(R_I32, s) for s in shape] + [(R_I64, s) for s in strides], ""
+
+
+def linear_recipe(tickets: dict, x, weight, bias, y, rec, temp_tensors: list | None = None):
+    """The recipe of a recorded GEMM launch (see ``_tik_native.c``, linear): (recipe, "") or (None, why).
+    Pointer kernels and host-TMA kernels alike: a descriptor parameter becomes the map of its operand,
+    encoded per call, and the sizes and strides that follow it, constants of the recipe. The recorded
+    launch's temporaries are appended to ``temp_tensors`` (for :func:`check_linear_recipe`)."""
     import inspect
 
     import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     if len(rec) != 1:
         return None, f"{len(rec)} launches recorded (expected 1)"
     fn, grid, args, kw, kernel = rec[0]
     if getattr(fn, "__name__", None) not in host_path_table().get("linear_kernels", ()) or kernel is None:
-        return None, f"kernel {getattr(fn, '__name__', fn)!r} is not served natively (TMA descriptors / large M)"
+        return None, f"kernel {getattr(fn, '__name__', fn)!r} is not served natively (not in the manifest's linear_kernels)"
     md = kernel.metadata
     if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)
             or getattr(md, "launch_cooperative_grid", False)):
         return None, "kernel needs clusters, scratch memory or a cooperative launch"
     codes = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
     fixed = {t.data_ptr(): key for key, t in tickets.items()}
+    operands = ((R_X, x), (R_W, weight), (R_B, bias), (R_Y, y))
+    metas = list(getattr(md, "tensordesc_meta", None) or [])
     sig = inspect.signature(fn.fn)
     bound = sig.bind(*args, **{k: v for k, v in kw.items() if k in sig.parameters})
     bound.apply_defaults()
     types_ = kernel.src.signature
-    params, temps, stream = [], [], 0
+    params, temps, stream, ndesc = [], [], 0, 0
     for name, v in bound.arguments.items():
         ty = types_[name]
         if ty == "constexpr":
             continue
-        if isinstance(v, torch.Tensor):
+        if ty.startswith("tensordesc"):
+            if not isinstance(v, TensorDescriptor):
+                return None, f"parameter {name}: a device-side descriptor"
+            got, why = _desc_param(v, metas[ndesc] if ndesc < len(metas) else None, operands, name)
+            ndesc += 1
+            if got is None:
+                return None, why
+            params += got
+        elif isinstance(v, torch.Tensor):
             p = v.data_ptr()
-            hits = [k for k, t in ((R_X, x), (R_W, weight), (R_B, bias), (R_Y, y)) if t is not None and t.data_ptr() == p]
+            hits = [k for k, t in operands if t is not None and t.data_ptr() == p]
             if len(hits) > 1:
                 return None, f"parameter {name}: pointer shared by two operands"
             if hits:
@@ -344,28 +382,61 @@ def linear_recipe(tickets: dict, x, weight, bias, y, rec):
             elif v.is_contiguous() and v.dtype in codes and v.dim() <= 3 and len(temps) < 2:
                 params.append((R_TMP, len(temps)))
                 temps.append((tuple(v.shape), codes[v.dtype]))
+                if temp_tensors is not None:
+                    temp_tensors.append(v)
             else:
                 return None, f"parameter {name}: a tensor that is no operand, temporary or fixed buffer"
         elif isinstance(v, bool) or ty not in ("i32", "i64", "fp32"):
             return None, f"parameter {name}: type {ty}"
         else:
             params.append(({"i32": R_I32, "i64": R_I64, "fp32": R_F32}[ty], v))
-    if len(params) > 16:  # MAXP in _tik_native.c
-        return None, f"{len(params)} kernel parameters (the native path takes at most 16)"
+    if ndesc > 3:
+        return None, f"{ndesc} tensor descriptors (the native path takes at most 3)"
+    if len(params) > LIN_MAXP:
+        return None, f"{len(params)} kernel parameters (the native path takes at most {LIN_MAXP})"
     g = tuple(grid) + (1,) * (3 - len(grid))
     return (g, params, temps, stream, int(kernel.function), int(md.num_warps), int(md.shared),
             bool(getattr(md, "launch_pdl", False)), y.device), ""
 
 
+def check_linear_recipe(m, x, weight, bias, y, rec, temps=()) -> str:
+    """'' when the parameters the registered recipe derives for the recorded call (its output and
+    temporaries) are, one by one and byte for byte for each TMA map, those Triton's launcher passed;
+    else why not."""
+    from areal_tik_plugin.runtime.native import launch as NL
+
+    fn, grid, args, kw, kernel = rec[0]
+    try:
+        arg_params, values, _ = NL.layout(fn, args, kw)
+        theirs = NL.expected(m, arg_params, values, kernel)
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as e:
+        return f"cannot read Triton's parameters: {type(e).__name__}: {e}"[:90]
+    ours = m.linear_derive(x, weight, bias, y, tuple(temps), True)
+    if ours is None:
+        return "no recipe registered"
+    if ours != theirs:
+        bad = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        return f"derived parameter {bad} differs from Triton's"
+    return ""
+
+
 def _learn_call(m, entry: str, args: tuple, run):
     """Run the Python path (``run()``) with its launch recorded and register a plan for this kind of call
-    (a recipe for ``linear``), or register the kind as refused; returns run()'s result unchanged."""
+    (a recipe for ``linear``, checked against the parameters Triton passed), or register the kind as
+    refused; returns run()'s result unchanged."""
     table = host_path_table()
     out, rec = recorded(_attr(table["records"]), run)
     if entry == "linear":
-        recipe, why = linear_recipe(_attr(table["tickets"]) if "tickets" in table else {}, *args, out, rec)
-        m.learn_linear(*args, recipe, why or None)
-        ok = recipe is not None
+        temps = []
+        recipe, why = linear_recipe(_attr(table["tickets"]) if "tickets" in table else {}, *args, out, rec, temps)
+        ok = bool(m.learn_linear(*args, recipe, why or None)) if recipe is not None else False
+        if recipe is None:
+            m.learn_linear(*args, None, why)
+        elif ok:
+            why = check_linear_recipe(m, *args, out, rec, temps)
+            if why:
+                m.learn_linear(*args, None, why)
+                ok = False
     else:
         ok, why = learn(m, entry, args, out if isinstance(out, tuple) else (out,), rec)
     if not ok:

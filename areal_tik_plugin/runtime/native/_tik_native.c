@@ -554,6 +554,58 @@ static PyObject *py_swiglu_fused(PyObject *self, PyObject *const *args, Py_ssize
 }
 
 
+/* ---------------------------------------------------------------- host TMA descriptors */
+
+/* the parameter kinds of a launch, as gderive / linear_derive report them (runtime/native/launch.py) */
+enum { GP_DROP = 0, GP_PTR, GP_I32, GP_I64, GP_F32, GP_I8, GP_DESC };
+
+typedef struct {
+  int rank, swizzle, elem_size, elem_type, padding;
+  unsigned block[5];
+} gdesc_t;
+
+typedef CUresult (*encode_t)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                             const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                             CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static encode_t g_encode;
+
+static int ensure_encode(void) {
+  if (g_encode) return 1;
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h) g_encode = (encode_t)dlsym(h, "cuTensorMapEncodeTiled");
+  if (!g_encode) {
+    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: no cuTensorMapEncodeTiled in libcuda.so.1");
+    return 0;
+  }
+  return 1;
+}
+
+/* One host TMA descriptor encoded exactly as Triton's fill_tma_descriptor does (row-major shape and
+ * element strides of the tensor, the kernel's block, swizzle and element type). 1, or 0 with an error set. */
+static int encode_map(CUtensorMap *map, const gdesc_t *d, unsigned long long ptr, const long long *shape,
+                      const long long *stride) {
+  cuuint64_t dims[5] = {0}, strides[5] = {0};
+  cuuint32_t box[5], es[5] = {1, 1, 1, 1, 1};
+  int r = d->rank;
+  for (int j = 0; j < r; j++) {
+    box[r - j - 1] = d->block[j];
+    dims[r - j - 1] = (cuuint64_t)shape[j];
+  }
+  for (int j = 0; j + 1 < r; j++) strides[r - j - 2] = (cuuint64_t)(d->elem_size * stride[j]);
+  strides[r - 1] = dims[r - 1] * (r == 1 ? (cuuint64_t)d->elem_size : strides[r - 2]);
+  if (!ensure_encode()) return 0;
+  CUresult rc = g_encode(map, (CUtensorMapDataType)d->elem_type, (cuuint32_t)r, (void *)(uintptr_t)ptr, dims, strides,
+                         box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, (CUtensorMapSwizzle)d->swizzle,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                         d->padding ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (rc != CUDA_SUCCESS) {
+    PyErr_Format(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: cuTensorMapEncodeTiled failed (CUresult %d)", (int)rc);
+    return 0;
+  }
+  return 1;
+}
+
+
 /* ---------------------------------------------------------------- linear (recipes)
  * The GEMM's configuration is a function of (M, N, K) and its integer arguments are those sizes and the
  * row strides, so a plan for one exact (M, N, K, strides, alignments, bias) is a *recipe*: each kernel
@@ -562,17 +614,31 @@ static PyObject *py_swiglu_fused(PyObject *self, PyObject *const *args, Py_ssize
  * off the recorded launch by learn_linear(); C derives nothing it could get wrong, it only substitutes
  * this call's pointers. */
 
-enum { R_X = 0, R_W, R_B, R_Y, R_TMP, R_FIXED, R_I32, R_I64, R_F32 };
+enum { R_X = 0, R_W, R_B, R_Y, R_TMP, R_FIXED, R_I32, R_I64, R_F32, R_DESC };
 #define LIN_SLOTS 1024
 #define LIN_MAXT 2
+#define LIN_MAXP 32 /* a TMA GEMM passes 3 descriptors (map, 2 sizes, 2 strides each), the bias and M, N, K */
+#define LIN_MAXD 3
+
+/* R_DESC: a host TMA descriptor over operand ``op`` (R_X / R_W / R_Y) at its full extent; its shape and
+ * strides are the recipe's (M, N, K and the row strides are part of its key), only the base pointer is
+ * this call's, so the map is encoded per call. The sizes and strides Triton passes after each map are
+ * recipe constants (R_I32 / R_I64). */
+typedef struct {
+  int op;
+  gdesc_t d;
+  long long shape[2], stride[2];
+} ldesc_t;
 
 typedef struct {
   int used, refused, dtype, bdtype, device, align; /* align: bits x, w, b 16-byte aligned */
   long long M, N, K, sx, sw;
   long long grid[3];
   int n;
-  unsigned char kind[MAXP];
-  long long val[MAXP];
+  unsigned char kind[LIN_MAXP];
+  long long val[LIN_MAXP];
+  int nld;
+  ldesc_t ld[LIN_MAXD];
   int ntmp;
   long long tshape[LIN_MAXT][3];
   int tndim[LIN_MAXT], tdtype[LIN_MAXT];
@@ -647,6 +713,42 @@ static int lin_read(PyObject *const *args, int go, lin_in_t *in) {
   return 1;
 }
 
+
+/* This call's kernel parameters under the recipe: pv / params filled (maps encoded when ``encode``), kinds
+ * in gderive's terms (GP_*). Returns the count, or -1 with an error set. */
+static int lin_fill(const lplan_t *pl, const lin_in_t *in, long long yptr, const long long *tptr, unsigned long long *pv,
+                    void **params, CUtensorMap *maps, int *kinds, int encode) {
+  for (int i = 0; i < pl->n; i++) {
+    long long v = pl->val[i];
+    kinds[i] = GP_PTR;
+    switch (pl->kind[i]) {
+      case R_X: pv[i] = (unsigned long long)(in->x.ptr + v); break;
+      case R_W: pv[i] = (unsigned long long)(in->w.ptr + v); break;
+      case R_B: pv[i] = (unsigned long long)(in->b.ptr + v); break;
+      case R_Y: pv[i] = (unsigned long long)(yptr + v); break;
+      case R_TMP: pv[i] = (unsigned long long)tptr[v]; break;
+      case R_FIXED: pv[i] = (unsigned long long)v; break;
+      case R_I32: { int32_t q = (int32_t)v; pv[i] = 0; memcpy(&pv[i], &q, sizeof q); kinds[i] = GP_I32; break; }
+      case R_I64: pv[i] = (unsigned long long)v; kinds[i] = GP_I64; break;
+      case R_F32: { float f; double dd; memcpy(&dd, &v, sizeof dd); f = (float)dd; pv[i] = 0; memcpy(&pv[i], &f, sizeof f);
+                    kinds[i] = GP_F32; break; }
+      case R_DESC: {
+        const ldesc_t *L = &pl->ld[v];
+        long long base = L->op == R_X ? in->x.ptr : L->op == R_W ? in->w.ptr : yptr;
+        memset(&maps[v], 0, sizeof maps[v]);
+        if (encode && !encode_map(&maps[v], &L->d, (unsigned long long)base, L->shape, L->stride)) return -1;
+        pv[i] = (unsigned long long)v;
+        kinds[i] = GP_DESC;
+        params[i] = &maps[v];
+        continue;
+      }
+      default: PyErr_SetString(PyExc_RuntimeError, "linear: bad recipe parameter kind"); return -1;
+    }
+    params[i] = &pv[i];
+  }
+  return pl->n;
+}
+
 static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (!g_fast_ready || nargs != 3) NOT_HANDLED();
   int go = grad_on();
@@ -690,24 +792,12 @@ static PyObject *py_linear(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (tptr[t] % 16) goto unaligned;
   }
   {
-    unsigned long long pv[MAXP];
-    void *params[MAXP + 2];
+    unsigned long long pv[LIN_MAXP];
+    void *params[LIN_MAXP + 2];
+    int kinds[LIN_MAXP];
+    CUtensorMap maps[LIN_MAXD];
     unsigned long long z0 = 0, z1 = 0;
-    for (int i = 0; i < pl->n; i++) {
-      long long v = pl->val[i];
-      switch (pl->kind[i]) {
-        case R_X: pv[i] = (unsigned long long)(in.x.ptr + v); break;
-        case R_W: pv[i] = (unsigned long long)(in.w.ptr + v); break;
-        case R_B: pv[i] = (unsigned long long)(in.b.ptr + v); break;
-        case R_Y: pv[i] = (unsigned long long)(yptr + v); break;
-        case R_TMP: pv[i] = (unsigned long long)tptr[v]; break;
-        case R_FIXED: pv[i] = (unsigned long long)v; break;
-        case R_I32: { int32_t q = (int32_t)v; pv[i] = 0; memcpy(&pv[i], &q, sizeof q); break; }
-        case R_I64: pv[i] = (unsigned long long)v; break;
-        default: { float f; double dd; memcpy(&dd, &v, sizeof dd); f = (float)dd; pv[i] = 0; memcpy(&pv[i], &f, sizeof f); }
-      }
-      params[i] = &pv[i];
-    }
+    if (lin_fill(pl, &in, yptr, tptr, pv, params, maps, kinds, 1) < 0) goto fail;
     params[pl->n] = &z0;
     params[pl->n + 1] = &z1;
     if (!cu_launch(pl->fn, (unsigned)pl->grid[0], (unsigned)pl->grid[1], (unsigned)pl->grid[2], pl->num_warps,
@@ -761,18 +851,41 @@ static PyObject *py_learn_linear(PyObject *self, PyObject *args) {
   if (!PyArg_ParseTuple(recipe, "(LLL)OOKKiipO", &pl->grid[0], &pl->grid[1], &pl->grid[2], &params, &temps, &stream,
                         &fn, &nw, &shm, &pdl, &devobj))
     goto bad;
-  if (!PyList_Check(params) || PyList_GET_SIZE(params) > MAXP || !PyList_Check(temps) ||
+  if (!PyList_Check(params) || PyList_GET_SIZE(params) > LIN_MAXP || !PyList_Check(temps) ||
       PyList_GET_SIZE(temps) > LIN_MAXT) {
-    PyErr_SetString(PyExc_ValueError, "learn_linear: params (<= 16) and temps (<= 2) must be lists");
+    PyErr_SetString(PyExc_ValueError, "learn_linear: params (<= 32) and temps (<= 2) must be lists");
     goto bad;
   }
   pl->n = (int)PyList_GET_SIZE(params);
+  pl->nld = 0;
   for (int i = 0; i < pl->n; i++) {
     int kind;
     PyObject *v;
     if (!PyArg_ParseTuple(PyList_GET_ITEM(params, i), "iO", &kind, &v)) goto bad;
+    if (kind < R_X || kind > R_DESC) {
+      PyErr_Format(PyExc_ValueError, "learn_linear: unknown parameter kind %d", kind);
+      goto bad;
+    }
     pl->kind[i] = (unsigned char)kind;
-    if (kind == R_F32) {
+    if (kind == R_DESC) {
+      ldesc_t *L;
+      if (pl->nld == LIN_MAXD) {
+        PyErr_SetString(PyExc_ValueError, "learn_linear: at most 3 tensor descriptors");
+        goto bad;
+      }
+      L = &pl->ld[pl->nld];
+      memset(L, 0, sizeof *L);
+      L->d.rank = 2;
+      if (!PyArg_ParseTuple(v, "iiiii(II)(LL)(LL)", &L->op, &L->d.swizzle, &L->d.elem_size, &L->d.elem_type,
+                            &L->d.padding, &L->d.block[0], &L->d.block[1], &L->shape[0], &L->shape[1], &L->stride[0],
+                            &L->stride[1]))
+        goto bad;
+      if (L->op != R_X && L->op != R_W && L->op != R_Y) {
+        PyErr_SetString(PyExc_ValueError, "learn_linear: a descriptor is over x, weight or the output");
+        goto bad;
+      }
+      pl->val[i] = pl->nld++;
+    } else if (kind == R_F32) {
       double d = PyFloat_AsDouble(v);
       memcpy(&pl->val[i], &d, sizeof d);
     } else {
@@ -804,6 +917,66 @@ static PyObject *py_learn_linear(PyObject *self, PyObject *args) {
 bad:
   pl->n = 0; /* an unusable recipe: no plan */
   return NULL;
+}
+
+/* linear_derive(x, weight, bias|None, y, temps: tuple, encode) -> None (no recipe) or [(kind, value)]: the
+ * parameters linear() would pass with ``y`` and ``temps`` as its output and temporaries, in gderive's form
+ * (descriptor: (GP_DESC, 128 bytes) when encode, else (GP_DESC, None); floats as their fp32 bit pattern). */
+static PyObject *py_linear_derive(PyObject *self, PyObject *args) {
+  PyObject *x, *w, *b, *y, *temps;
+  int encode = 1;
+  if (!g_ready) {
+    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: setup() has not run");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "OOOOO!|p", &x, &w, &b, &y, &PyTuple_Type, &temps, &encode)) return NULL;
+  PyObject *a3[3] = {x, w, b};
+  lin_in_t in;
+  int k = lin_read(a3, 0, &in);
+  if (k < 0) return NULL;
+  if (k == 0) Py_RETURN_NONE;
+  long long M = in.x.shape[0], K = in.x.shape[1], N = in.w.shape[0];
+  lplan_t *pl = lin_find(in.x.dtype, in.bdtype, in.x.device, in.align, M, N, K, in.x.stride[0], in.w.stride[0], 0);
+  if (!pl || !pl->n || pl->refused) Py_RETURN_NONE;
+  tinfo_t ti;
+  if (tread(y, &ti, 0) <= 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "linear_derive: y must be a tensor");
+    return NULL;
+  }
+  long long yptr = ti.ptr, tptr[LIN_MAXT] = {0, 0};
+  if (PyTuple_GET_SIZE(temps) != pl->ntmp) {
+    PyErr_Format(PyExc_ValueError, "linear_derive: the recipe has %d temporaries", pl->ntmp);
+    return NULL;
+  }
+  for (int t = 0; t < pl->ntmp; t++) {
+    if (tread(PyTuple_GET_ITEM(temps, t), &ti, 0) <= 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "linear_derive: temporaries must be tensors");
+      return NULL;
+    }
+    tptr[t] = ti.ptr;
+  }
+  unsigned long long pv[LIN_MAXP];
+  void *params[LIN_MAXP + 2];
+  int kinds[LIN_MAXP];
+  CUtensorMap maps[LIN_MAXD];
+  int np = lin_fill(pl, &in, yptr, tptr, pv, params, maps, kinds, encode);
+  if (np < 0) return NULL;
+  PyObject *out = PyList_New(np);
+  if (!out) return NULL;
+  for (int i = 0; i < np; i++) {
+    PyObject *val;
+    switch (kinds[i]) {
+      case GP_DESC: val = encode ? PyBytes_FromStringAndSize((const char *)&maps[pv[i]], sizeof(CUtensorMap)) : Py_NewRef(Py_None); break;
+      case GP_I32: { int32_t q; memcpy(&q, &pv[i], 4); val = PyLong_FromLong(q); break; }
+      case GP_F32: { uint32_t q; memcpy(&q, &pv[i], 4); val = PyLong_FromUnsignedLong(q); break; }
+      case GP_I64: val = PyLong_FromLongLong((long long)pv[i]); break;
+      default: val = PyLong_FromUnsignedLongLong(pv[i]);
+    }
+    PyObject *t = val ? Py_BuildValue("(iN)", kinds[i], val) : NULL;
+    if (!t) { Py_DECREF(out); return NULL; }
+    PyList_SET_ITEM(out, i, t);
+  }
+  return out;
 }
 
 static PyObject *lin_stats(void) {
@@ -1001,12 +1174,7 @@ static PyObject *py_learn(PyObject *self, PyObject *args) {
 #define GV_SLOTS 4096
 
 enum { GC_TENSOR = 1, GC_NONE, GC_BOOL, GC_INT, GC_FLOAT, GC_DESC };
-enum { GP_DROP = 0, GP_PTR, GP_I32, GP_I64, GP_F32, GP_I8, GP_DESC };
 
-typedef struct {
-  int rank, swizzle, elem_size, elem_type, padding;
-  unsigned block[5];
-} gdesc_t;
 
 typedef struct {
   unsigned char cls;
@@ -1038,21 +1206,6 @@ static int g_var_count;
 static long long g_ghits, g_gmisses, g_gnot;
 static PyObject *g_desc_type, *s_base, *s_block_shape, *s_strides, *s_padding;
 
-typedef CUresult (*encode_t)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                             const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                             CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static encode_t g_encode;
-
-static int ensure_encode(void) {
-  if (g_encode) return 1;
-  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (h) g_encode = (encode_t)dlsym(h, "cuTensorMapEncodeTiled");
-  if (!g_encode) {
-    PyErr_SetString(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: no cuTensorMapEncodeTiled in libcuda.so.1");
-    return 0;
-  }
-  return 1;
-}
 
 static int read_seq(PyObject *o, long long *out, int max) {
   PyObject *f = PySequence_Fast(o, "expected a sequence");
@@ -1265,26 +1418,7 @@ static int gparams(const gvar_t *v, const gcall_t *c, unsigned long long *pv, vo
         const gdesc_t *d = &v->desc[nd];
         if (a->rank != d->rank) { PyErr_SetString(PyExc_RuntimeError, "glaunch: descriptor rank changed"); return -1; }
         memset(&maps[nd], 0, sizeof maps[nd]);
-        if (encode) {
-          cuuint64_t dims[5] = {0}, strides[5] = {0};
-          cuuint32_t box[5], es[5] = {1, 1, 1, 1, 1};
-          int r = d->rank;
-          for (int j = 0; j < r; j++) {
-            box[r - j - 1] = d->block[j];
-            dims[r - j - 1] = (cuuint64_t)a->shape[j];
-          }
-          for (int j = 0; j + 1 < r; j++) strides[r - j - 2] = (cuuint64_t)(d->elem_size * a->stride[j]);
-          strides[r - 1] = dims[r - 1] * (r == 1 ? (cuuint64_t)d->elem_size : strides[r - 2]);
-          if (!ensure_encode()) return -1;
-          CUresult rc = g_encode(&maps[nd], (CUtensorMapDataType)d->elem_type, (cuuint32_t)r, (void *)(uintptr_t)a->v,
-                                 dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, (CUtensorMapSwizzle)d->swizzle,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                 d->padding ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-          if (rc != CUDA_SUCCESS) {
-            PyErr_Format(PyExc_RuntimeError, "areal_tik_plugin.runtime.native: cuTensorMapEncodeTiled failed (CUresult %d)", (int)rc);
-            return -1;
-          }
-        }
+        if (encode && !encode_map(&maps[nd], d, (unsigned long long)a->v, a->shape, a->stride)) return -1;
         kinds[np] = GP_DESC; pv[np] = (unsigned long long)nd; params[np] = &maps[nd]; np++;
         for (int j = 0; j < d->rank; j++) { int32_t q = (int32_t)a->shape[j]; pv[np] = 0; memcpy(&pv[np], &q, 4); kinds[np] = GP_I32; params[np] = &pv[np]; np++; }
         for (int j = 0; j < d->rank; j++) { pv[np] = (unsigned long long)a->stride[j]; kinds[np] = GP_I64; params[np] = &pv[np]; np++; }
@@ -1595,6 +1729,7 @@ static PyMethodDef methods[] = {
     {"swiglu_fused", (PyCFunction)(void (*)(void))py_swiglu_fused, METH_FASTCALL, "swiglu_fused(gate_up)"},
     {"linear", (PyCFunction)(void (*)(void))py_linear, METH_FASTCALL, "linear(x [M, K], weight [N, K], bias|None)"},
     {"learn_linear", py_learn_linear, METH_VARARGS, "learn_linear(x, weight, bias, recipe|None[, reason])"},
+    {"linear_derive", py_linear_derive, METH_VARARGS, "linear_derive(x, weight, bias, y, temps[, encode]) -> [(kind, value)] | None"},
     {"derive", py_derive, METH_VARARGS, "derive(op, inputs, outputs, cfg) -> (grid, params) | None"},
     {"learn", py_learn, METH_VARARGS, "learn(op, inputs, outputs, cfg, grid, params, info) -> (ok, reason)"},
     {"glaunch", (PyCFunction)(void (*)(void))py_glaunch, METH_FASTCALL, "glaunch(fn, grid, args, kw|None)"},
