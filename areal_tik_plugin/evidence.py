@@ -241,6 +241,8 @@ def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[st
             "matches_hash": rec.get("implementation") == impl.name and rec.get("source_hash") == impl.source_hash,
             "mean_ratio": summ.get("mean_ratio"), "geomean_ratio": summ.get("geomean_ratio"),
             "min_ratio": summ.get("min_ratio"), "per_model_geomean": summ.get("per_model_geomean"), "n": summ.get("n"),
+            "baselines_skipped": sorted({k for m in rec.get("models") or [] if isinstance(m, dict)
+                                         for k in ((m.get("notes") or {}).get("baseline_skipped") or {})}),
         })
     for p in sorted(glob.glob(os.path.join(root, "sglang", "*.json"))):
         rec = _load_json(p)
@@ -637,7 +639,9 @@ def integration_rows(impl, root: str | None = None, source_hash: str | None = No
         out.append({"what": "layer bench (rollout + update per layer)", "file": r["file"],
                     "workload": f"{r['n']} (model, batch, length) cells" + (f": {per}" if per else ""),
                     "result": "unified kernels, no recompute",
-                    "baseline": "FlashInfer fused ops + cuBLAS rollout, HF + Liger update, recompute on",
+                    "baseline": "FlashInfer fused ops + cuBLAS rollout, HF + Liger update, recompute on"
+                                + (f" ({', '.join(r['baselines_skipped'])}: not built, not compared)"
+                                   if r.get("baselines_skipped") else ""),
                     "ratio": f"{r['geomean_ratio']:.2f} (min {r['min_ratio']:.2f})",
                     "command": "python -m benchmarks.layer_bench"})
     return out
