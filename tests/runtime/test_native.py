@@ -313,6 +313,47 @@ def test_linear_recipe_maps_every_parameter(m, M, N, K, bias):
     m.invalidate()
 
 
+@pytest.mark.parametrize("M,N,K,bias", [(3, 40, 24, True), (5, 17, 4100, False)])
+@needs_triton36
+def test_linear_recipe_checked_against_tritons_parameters(m, M, N, K, bias):
+    """At its first call a recipe is checked: the parameters C derives for the recorded call (its output
+    and temporaries) equal those Triton's launcher passed; a recipe with one constant off is reported."""
+    torch.manual_seed(0)
+    rowops = loader.current_module("_rowops")
+    x, w = torch.randn(M, K, dtype=torch.bfloat16), torch.randn(N, K, dtype=torch.bfloat16)
+    b = torch.randn(N, dtype=torch.float32) if bias else None
+    y, (fn, grid, args, kw, _) = _linear_record(x, w, b)
+    rec = [(fn, grid, args, kw, _fake_kernel(fn, args, kw))]
+    cnt = _bound(fn, args, kw).get("CNT")
+    key = (-1, 7)
+    if isinstance(cnt, torch.Tensor):
+        rowops._TICKETS[key] = cnt
+    try:
+        temps = []
+        recipe, why = native.linear_recipe(rowops._TICKETS, x, w, b, y, rec, temps)
+    finally:
+        rowops._TICKETS.pop(key, None)
+    assert recipe is not None, why
+    assert len(temps) == sum(1 for k, _ in recipe[1] if k == native.R_TMP)
+    m.invalidate()
+    assert m.learn_linear(x, w, b, recipe, None) is True
+    # the interpreter's kernel has no .params: Triton's parameter view of the same function
+    sig = inspect.signature(getattr(fn, "fn", fn))
+    params = [types.SimpleNamespace(name=n, is_constexpr="constexpr" in str(p.annotation),
+                                    default=None if p.default is inspect.Parameter.empty else p.default)
+              for n, p in sig.parameters.items()]
+    view = type("KernelParams", (), {"params": params, "__name__": fn.__name__})()
+    rec = [(view,) + tuple(rec[0][1:])]
+    assert native.check_linear_recipe(m, x, w, b, y, rec, temps) == ""
+    i = next(i for i, (k, _) in enumerate(recipe[1]) if k == native.R_I32)
+    bad = list(recipe)
+    bad[1] = [(k, v + 1) if j == i else (k, v) for j, (k, v) in enumerate(recipe[1])]
+    m.invalidate()
+    assert m.learn_linear(x, w, b, tuple(bad), None) is True
+    assert native.check_linear_recipe(m, x, w, b, y, rec, temps) == f"derived parameter {i} differs from Triton's"
+    m.invalidate()
+
+
 @needs_triton36
 def test_linear_recipe_refuses_unknown_buffers_and_kernels(m):
     """A tensor parameter that is no operand, float temporary or registered ticket buffer (here: the
