@@ -1,6 +1,6 @@
 """Native host path for forward calls of RMSNorm (with or without the residual, per-head Q/K norm through
-``rms_norm``), SwiGLU (fused or separate) and the decode-sized dense linear: eager calls, and the kernel
-call inside autograd's forward (training).
+``rms_norm``), SwiGLU (fused or separate) and the dense linear at every M: eager calls, and the kernel call inside
+autograd's forward (training).
 
 Why: a Python-launched op costs 20-60 us of host time on the H200 machines (argument checks, the kernel
 module's wrapper, Triton's binder and launcher), against 8-20 us for Hugging Face's two-to-seven ATen
@@ -23,9 +23,12 @@ of a loaded implementation's module (knobs), or switching implementation, drops 
 The dense linear (``ops.linear``) is served by *recipes*: its configuration is a function of (M, N, K), so
 a plan for one exact (M, N, K, row strides, alignments, bias) maps each kernel parameter of the recorded
 launch to an operand's pointer, a temporary (allocated per call), the split reduce's ticket buffer (bound
-to the stream it was learned on) or a constant. Served: 2-D ``x`` on the decode-sized kernels (pointer
-loads, chunk partials with the reduce in the last program); kernels with TMA descriptors (large M, some
-M 33-64 shapes) stay on the Python path.
+to the stream it was learned on), a host TMA descriptor over an operand (its map encoded per call with
+cuTensorMapEncodeTiled; its sizes and strides are the recipe's) or a constant. Served: 2-D ``x`` on every
+kernel the manifest lists (pointer loads, chunk partials with the reduce in the last program, the TMA
+kernels, one program per tile and persistent). A recipe is kept only if the parameters C derives for the
+recorded call equal, byte for byte for each map, what Triton's launcher passed
+(:func:`check_linear_recipe`).
 
 Not served natively (the Python path runs, with its checks and errors): the autograd-tracked call itself
 (the kernel call inside autograd's forward is served; validation and autograd bookkeeping stay), tensor
