@@ -8,7 +8,8 @@
 # IMPL: the root implementation of a new run, a name under kernels/ or a folder (default: the `root` a --plan
 # file names, else tik_v1; an IMPL other than the plan's root is refused), e.g.
 #   IMPL=tik_v2 bash benchmarks/gpu_search.sh h200-attn-agent2 480 --driver plan --plan PLAN.yaml
-# The spec's root latencies are measured on this GPU at initialization (audit E0000).
+# The spec's root latencies are measured on this GPU at initialization (audit E0000). QUICK=0: the spec's full
+# workloads and suites instead of `--quick`.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tik-out}
@@ -34,6 +35,8 @@ BUDGET=${2:-420}
 [[ $BUDGET =~ ^-?[0-9]+$ ]] || { echo "gpu_search.sh: TIME_BUDGET_S: expected seconds, got $BUDGET (see the header of benchmarks/gpu_search.sh)" >&2; exit 2; }
 [ -d "kernels/$IMPL" ] || [ -d "$IMPL" ] || { echo "gpu_search.sh: IMPL: expected a name under kernels/ or a folder, got $IMPL (see the header of benchmarks/gpu_search.sh)" >&2; exit 2; }
 shift 2 2>/dev/null || shift $#
+# QUICK=0: the spec's full workload set and bitwise suites (e.g. h200_gemm's M = 4096 rows); default: --quick
+case "${QUICK:-1}" in 0) quick=();; 1) quick=(--quick);; *) echo "gpu_search.sh: QUICK: expected 0 or 1, got $QUICK" >&2; exit 2;; esac
 mkdir -p "$OUT"
 # resume a run brought back from an earlier call: RESUME_FROM=path/to/run (copied to $OUT/$NAME, made writable)
 if [ -n "$RESUME_FROM" ] && [ ! -e "$OUT/$NAME" ]; then
@@ -48,7 +51,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 echo "spec: $SPEC  root: $IMPL"
 python3 -m areal_tik_plugin.cli search run --driver knobs --spec "$SPEC" --impl "$IMPL" \
-  --run-dir "$OUT/$NAME" --time-budget-s "$BUDGET" --quick "$@" 2>&1 | tee -a "$OUT/$NAME.log"
+  --run-dir "$OUT/$NAME" --time-budget-s "$BUDGET" "${quick[@]}" "$@" 2>&1 | tee -a "$OUT/$NAME.log"
 rc=${PIPESTATUS[0]}
 python3 -m areal_tik_plugin.cli search status "$OUT/$NAME" | tee -a "$OUT/$NAME.log"
 python3 -m areal_tik_plugin.cli search report "$OUT/$NAME" 2>/dev/null || echo "(report: run 'tik search report' where matplotlib is installed)"

@@ -51,6 +51,8 @@ def test_integrations_refuses_options_after_steps_and_bad_numbers(tmp_path):
     assert r.returncode == 2 and "TIME_BUDGET_S: expected seconds" in r.stderr
     r = sh("gpu_search.sh", "h200-knobs", "60", out=tmp_path, IMPL="tik_v0_absent")
     assert r.returncode == 2 and "IMPL: expected a name under kernels/ or a folder, got tik_v0_absent" in r.stderr
+    r = sh("gpu_search.sh", "h200-knobs", "60", out=tmp_path, QUICK="yes")
+    assert r.returncode == 2 and "QUICK: expected 0 or 1, got yes" in r.stderr
     assert not os.path.exists(tmp_path / "pip.log")
     plan = "benchmarks/search_plans/h200_attention/next/plan.yaml"  # written for the root tik_v2
     r = sh("gpu_search.sh", "h200-knobs", "60", "--driver", "plan", "--plan", plan, out=tmp_path, IMPL="tik_v1")
