@@ -432,14 +432,12 @@ def _learn_call(m, entry: str, args: tuple, run):
     if entry == "linear":
         temps = []
         recipe, why = linear_recipe(_attr(table["tickets"]) if "tickets" in table else {}, *args, out, rec, temps)
-        ok = bool(m.learn_linear(*args, recipe, why or None)) if recipe is not None else False
-        if recipe is None:
-            m.learn_linear(*args, None, why)
-        elif ok:
+        ok = recipe is not None and bool(m.learn_linear(*args, recipe, None))
+        if ok:
             why = check_linear_recipe(m, *args, out, rec, temps)
-            if why:
-                m.learn_linear(*args, None, why)
-                ok = False
+            ok = not why
+        if recipe is None or why:
+            m.learn_linear(*args, None, why)
     else:
         ok, why = learn(m, entry, args, out if isinstance(out, tuple) else (out,), rec)
     if not ok:

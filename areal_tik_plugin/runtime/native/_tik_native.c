@@ -606,13 +606,39 @@ static int encode_map(CUtensorMap *map, const gdesc_t *d, unsigned long long ptr
 }
 
 
+/* Derived launch parameters as Python: [(kind, value)] (descriptor: (GP_DESC, its 128 bytes) when
+ * ``encode``, else (GP_DESC, None); floats as their fp32 bit pattern) -- gderive's and linear_derive's form,
+ * compared with runtime/native/launch.expected. */
+static PyObject *derived_list(int np, const int *kinds, const unsigned long long *pv, const CUtensorMap *maps,
+                              int encode) {
+  PyObject *out = PyList_New(np);
+  if (!out) return NULL;
+  for (int i = 0; i < np; i++) {
+    PyObject *val;
+    switch (kinds[i]) {
+      case GP_DESC: val = encode ? PyBytes_FromStringAndSize((const char *)&maps[pv[i]], sizeof(CUtensorMap)) : Py_NewRef(Py_None); break;
+      case GP_I32: { int32_t q; memcpy(&q, &pv[i], 4); val = PyLong_FromLong(q); break; }
+      case GP_F32: { uint32_t q; memcpy(&q, &pv[i], 4); val = PyLong_FromUnsignedLong(q); break; }
+      case GP_I8: { int8_t q; memcpy(&q, &pv[i], 1); val = PyLong_FromLong(q); break; }
+      case GP_I64: val = PyLong_FromLongLong((long long)pv[i]); break;
+      default: val = PyLong_FromUnsignedLongLong(pv[i]);
+    }
+    PyObject *t = val ? Py_BuildValue("(iN)", kinds[i], val) : NULL;
+    if (!t) { Py_DECREF(out); return NULL; }
+    PyList_SET_ITEM(out, i, t);
+  }
+  return out;
+}
+
+
 /* ---------------------------------------------------------------- linear (recipes)
  * The GEMM's configuration is a function of (M, N, K) and its integer arguments are those sizes and the
  * row strides, so a plan for one exact (M, N, K, strides, alignments, bias) is a *recipe*: each kernel
  * parameter is an input's pointer, the output's, a temporary's (allocated per call), a fixed buffer's
  * (the split reduce's tickets, bound to the stream it was learned on) or a constant. The recipe is read
- * off the recorded launch by learn_linear(); C derives nothing it could get wrong, it only substitutes
- * this call's pointers. */
+ * off the recorded launch by learn_linear(); C substitutes this call's pointers and encodes the TMA maps
+ * of its operands, and runtime/native checks what it derives (linear_derive) against Triton's parameters
+ * at that first call. */
 
 enum { R_X = 0, R_W, R_B, R_Y, R_TMP, R_FIXED, R_I32, R_I64, R_F32, R_DESC };
 #define LIN_SLOTS 1024
@@ -712,7 +738,6 @@ static int lin_read(PyObject *const *args, int go, lin_in_t *in) {
   in->align = (x->ptr % 16 == 0) | ((w->ptr % 16 == 0) << 1) | ((!in->has_b || in->b.ptr % 16 == 0) << 2);
   return 1;
 }
-
 
 /* This call's kernel parameters under the recipe: pv / params filled (maps encoded when ``encode``), kinds
  * in gderive's terms (GP_*). Returns the count, or -1 with an error set. */
@@ -961,22 +986,7 @@ static PyObject *py_linear_derive(PyObject *self, PyObject *args) {
   CUtensorMap maps[LIN_MAXD];
   int np = lin_fill(pl, &in, yptr, tptr, pv, params, maps, kinds, encode);
   if (np < 0) return NULL;
-  PyObject *out = PyList_New(np);
-  if (!out) return NULL;
-  for (int i = 0; i < np; i++) {
-    PyObject *val;
-    switch (kinds[i]) {
-      case GP_DESC: val = encode ? PyBytes_FromStringAndSize((const char *)&maps[pv[i]], sizeof(CUtensorMap)) : Py_NewRef(Py_None); break;
-      case GP_I32: { int32_t q; memcpy(&q, &pv[i], 4); val = PyLong_FromLong(q); break; }
-      case GP_F32: { uint32_t q; memcpy(&q, &pv[i], 4); val = PyLong_FromUnsignedLong(q); break; }
-      case GP_I64: val = PyLong_FromLongLong((long long)pv[i]); break;
-      default: val = PyLong_FromUnsignedLongLong(pv[i]);
-    }
-    PyObject *t = val ? Py_BuildValue("(iN)", kinds[i], val) : NULL;
-    if (!t) { Py_DECREF(out); return NULL; }
-    PyList_SET_ITEM(out, i, t);
-  }
-  return out;
+  return derived_list(np, kinds, pv, maps, encode);
 }
 
 static PyObject *lin_stats(void) {
@@ -1175,7 +1185,6 @@ static PyObject *py_learn(PyObject *self, PyObject *args) {
 
 enum { GC_TENSOR = 1, GC_NONE, GC_BOOL, GC_INT, GC_FLOAT, GC_DESC };
 
-
 typedef struct {
   unsigned char cls;
   long long clsx, clsy; /* exact class data */
@@ -1205,7 +1214,6 @@ static gvar_t *g_var; /* GV_SLOTS, allocated at the first learn */
 static int g_var_count;
 static long long g_ghits, g_gmisses, g_gnot;
 static PyObject *g_desc_type, *s_base, *s_block_shape, *s_strides, *s_padding;
-
 
 static int read_seq(PyObject *o, long long *out, int max) {
   PyObject *f = PySequence_Fast(o, "expected a sequence");
@@ -1582,23 +1590,7 @@ static PyObject *py_gderive(PyObject *self, PyObject *args) {
   CUtensorMap maps[GD_MAX];
   int np = gparams(v, &c, pv, params, maps, encode, kinds);
   if (np < 0) return NULL;
-  PyObject *out = PyList_New(np);
-  if (!out) return NULL;
-  for (int i = 0; i < np; i++) {
-    PyObject *val;
-    switch (kinds[i]) {
-      case GP_DESC: val = encode ? PyBytes_FromStringAndSize((const char *)&maps[pv[i]], sizeof(CUtensorMap)) : Py_NewRef(Py_None); break;
-      case GP_I32: { int32_t q; memcpy(&q, &pv[i], 4); val = PyLong_FromLong(q); break; }
-      case GP_F32: { uint32_t q; memcpy(&q, &pv[i], 4); val = PyLong_FromUnsignedLong(q); break; }
-      case GP_I8: { int8_t q; memcpy(&q, &pv[i], 1); val = PyLong_FromLong(q); break; }
-      case GP_I64: val = PyLong_FromLongLong((long long)pv[i]); break;
-      default: val = PyLong_FromUnsignedLongLong(pv[i]);
-    }
-    PyObject *t = val ? Py_BuildValue("(iN)", kinds[i], val) : NULL;
-    if (!t) { Py_DECREF(out); return NULL; }
-    PyList_SET_ITEM(out, i, t);
-  }
-  return out;
+  return derived_list(np, kinds, pv, maps, encode);
 }
 
 /* tmap_bytes(PyCUtensorMap) -> the 128 bytes Triton's fill_tma_descriptor encoded (its object layout:
