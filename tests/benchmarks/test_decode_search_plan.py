@@ -1,4 +1,4 @@
-"""The agent plan for the decode spec (benchmarks/search_plans/h200_decode): the plan files are what gen_plan.py
+"""The agent plans for the decode spec (benchmarks/search_plans/h200_decode and its par/ and tp/ plans): the plan files are what gen_plan.py
 writes, the plan driver accepts them, every opportunity names workloads of the run's (quick) spec and the decode
 entry point, every step has a branch for each outcome, every step's edit chain applies to kernels/tik_v2 and
 changes attention.py only, and no chain touches what prefill / extend compile or the shared softmax / merge
@@ -15,22 +15,26 @@ import yaml
 
 from tests.helpers.scripts import ROOT
 
-HERE = ROOT / "benchmarks" / "search_plans" / "h200_decode"
-CASES = [("plan", "h200_decode"), ("cpu_plan", "cpu_decode_smoke")]
-# functions of attention.py a decode step must leave as they are in tik_v2
+BASE = ROOT / "benchmarks" / "search_plans" / "h200_decode"
+# plan folder -> functions of attention.py its steps must leave as they are in tik_v2. The par/ and tp/ steps
+# split _online_step's body into a callee (_online_update / _tile_p) that their decode paths also call, so
+# _online_step's source changes there while prefill / extend inline the same instructions (bits_vs_root.py
+# and the GPU suites check the bits).
 SHARED = ("_online_step", "_merge", "_kv_offsets", "_fwd_tiles", "_attn_fwd_kernel", "_ws_state", "_merge_splits",
           "_attn_decode_merge_kernel", "_fwd", "prefill", "extend")
+DIRS = {"": SHARED, "par": SHARED[1:], "tp": SHARED[1:]}
+CASES = [(d, n, s) for d in DIRS for n, s in (("plan", "h200_decode"), ("cpu_plan", "cpu_decode_smoke"))]
 
 
-def _gen():
-    spec = importlib.util.spec_from_file_location("_decode_gen_plan", HERE / "gen_plan.py")
+def _gen(here):
+    spec = importlib.util.spec_from_file_location(f"_decode_gen_plan_{here.name}", here / "gen_plan.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 def _lineage(plan, key):
-    spec = importlib.util.spec_from_file_location("_decode_mat", HERE.parent / "h200_attention" / "materialize.py")
+    spec = importlib.util.spec_from_file_location("_decode_mat", BASE.parent / "h200_attention" / "materialize.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.lineage(plan, key)
@@ -41,12 +45,13 @@ def _functions(src):
     return {n.name: ast.get_source_segment(src, n) for n in tree.body if isinstance(n, ast.FunctionDef)}
 
 
-@pytest.mark.parametrize("name,spec", CASES)
-def test_decode_plan_is_generated_valid_and_names_its_spec(tmp_path, name, spec):
+@pytest.mark.parametrize("folder,name,spec", CASES)
+def test_decode_plan_is_generated_valid_and_names_its_spec(tmp_path, folder, name, spec):
     from areal_tik_plugin.search import spec as S
     from areal_tik_plugin.search.drivers.plan import PlanDriver
 
-    gen = _gen()
+    HERE = BASE / folder
+    gen = _gen(HERE)
     out = tmp_path / f"{name}.yaml"
     gen.write(str(out), gen.H200_TW if name == "plan" else gen.CPU_TW)
     assert out.read_text() == (HERE / f"{name}.yaml").read_text(), "re-run gen_plan.py"
@@ -65,9 +70,11 @@ def test_decode_plan_is_generated_valid_and_names_its_spec(tmp_path, name, spec)
         assert set(o["target_workloads"]) <= names and o["entry_points"] == ["attention.decode"], o["key"]
 
 
-def test_decode_plan_chains_apply_to_tik_v2_and_change_decode_only():
+@pytest.mark.parametrize("folder", list(DIRS))
+def test_decode_plan_chains_apply_to_tik_v2_and_change_decode_only(folder):
     from areal_tik_plugin.search import edits as E
 
+    HERE = BASE / folder
     plan = yaml.safe_load((HERE / "plan.yaml").read_text())
     base = E.read_files(str(ROOT / "kernels" / "tik_v2"))
     base_fns = _functions(base["attention.py"])
@@ -77,6 +84,6 @@ def test_decode_plan_chains_apply_to_tik_v2_and_change_decode_only():
             files = E.apply_edits(files, E.parse_search_replace((HERE / e).read_text()))
         assert set(files) == set(base) and [f for f in files if files[f] != base[f]] == ["attention.py"], chain
         fns = _functions(files["attention.py"])
-        for f in SHARED:
+        for f in DIRS[folder]:
             assert fns[f] == base_fns[f], (chain, f)
         assert fns["_attn_decode_kernel"] != base_fns["_attn_decode_kernel"] or fns["decode"] != base_fns["decode"]

@@ -3,10 +3,10 @@
 Every path, at odd shapes: paged decode (page size 1 and 16) and decode from a dense cache for batches of
 mixed lengths around the coupled boundaries (ctx 1, 37, 63, 64, 65, 255, 256, 300, 511, 512, 513, 1100) and
 for one request at a time; chunked extend over the same pools; packed varlen prefill (with the LSE). The
-candidate runs with its own knob values, then with ``dec_tiles`` forced to 1, 2 and 4 (the launcher override
-the tiles-per-iteration edits add; skipped for a tree without it); the host rule of a step (if any) picks
-the group size from the grid, so ``--rule-programs N`` also sets ``DECODE_TILES4_MAX_PROGRAMS`` to N first
-(0: the rule never takes 4). Candidate decode == candidate prefill (the last row of each sequence) always.
+candidate runs with its own knob values, then with ``dec_tiles`` (the tiles-per-iteration edits) or
+``dec_par`` (tile-parallel groups within a split, every grid) forced to 1, 2 and 4, or with the tile-parallel
+decode forced on (every grid and length) and off (``tp_max_programs``), where the tree has that override; the host rule of a step (if any) picks the group size from the grid, so ``--rule-programs N`` also
+sets ``DECODE_TILES4_MAX_PROGRAMS`` / ``DECODE_TP_MAX_PROGRAMS`` to N first (0: the rule never takes groups). Candidate decode == candidate prefill (the last row of each sequence) always.
 
 Usage: ``TRITON_INTERPRET=1 python benchmarks/search_plans/h200_decode/bits_vs_root.py CANDIDATE_DIR
 [--rule-programs N] [--root DIR]`` (root default kernels/tik_v2); exit 1 on any difference.
@@ -71,12 +71,20 @@ def main(argv):
     root, cand = load(root_dir, "_dbits_root"), load(argv[0], "_dbits_cand")
     if "--rule-programs" in argv:
         n = int(argv[argv.index("--rule-programs") + 1])
-        if not hasattr(cand, "DECODE_TILES4_MAX_PROGRAMS"):
-            raise SystemExit("--rule-programs: the candidate has no DECODE_TILES4_MAX_PROGRAMS")
-        cand.DECODE_TILES4_MAX_PROGRAMS = n
-        print(f"candidate DECODE_TILES4_MAX_PROGRAMS = {n}")
-    has_tiles = "dec_tiles" in cand._cfg()
-    variants = [("own knobs", {})] + ([(f"dec_tiles={t}", {"dec_tiles": t}) for t in (1, 2, 4)] if has_tiles else [])
+        rule = next((r for r in ("DECODE_TILES4_MAX_PROGRAMS", "DECODE_PAR_MAX_PROGRAMS", "DECODE_TP_MAX_PROGRAMS") if hasattr(cand, r)), None)
+        if rule is None:
+            raise SystemExit("--rule-programs: the candidate has no DECODE_TILES4_MAX_PROGRAMS / DECODE_TP_MAX_PROGRAMS")
+        setattr(cand, rule, n)
+        print(f"candidate {rule} = {n}")
+    knobs = cand._cfg()
+    variants = [("own knobs", {})]
+    if "dec_tiles" in knobs:
+        variants += [(f"dec_tiles={t}", {"dec_tiles": t}) for t in (1, 2, 4)]
+    if "dec_par" in knobs:  # the tile-parallel groups of a split on every grid
+        variants += [(f"dec_par={t}", {"dec_par": t, "dec_par_max_programs": 1 << 30}) for t in (1, 2, 4)]
+    if "tp_max_programs" in knobs:  # the tile-parallel decode on every grid and request length, and nowhere
+        variants += [("tile-parallel", {"tp_max_programs": 1 << 30, "tp_min_tiles": 1}),
+                     ("split kernel", {"tp_max_programs": 0})]
     print(f"candidate knobs: DECODE_TILES_PER_ITER={getattr(cand, 'DECODE_TILES_PER_ITER', '-')}, "
           f"DECODE_STAGES={cand.DECODE_STAGES}, DECODE_WARPS={cand.DECODE_WARPS}")
     torch.manual_seed(0)
