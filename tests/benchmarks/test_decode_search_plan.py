@@ -1,4 +1,4 @@
-"""The agent plans for the decode spec (benchmarks/search_plans/h200_decode and its par/ and tp/ plans): the plan files are what gen_plan.py
+"""The agent plans for the decode spec (benchmarks/search_plans/h200_decode and its par/, tp/ and prefetch/ plans): the plan files are what gen_plan.py
 writes, the plan driver accepts them, every opportunity names workloads of the run's (quick) spec and the decode
 entry point, every step has a branch for each outcome, every step's edit chain applies to kernels/tik_v2 and
 changes attention.py only, and no chain touches what prefill / extend compile or the shared softmax / merge
@@ -22,7 +22,7 @@ BASE = ROOT / "benchmarks" / "search_plans" / "h200_decode"
 # and the GPU suites check the bits).
 SHARED = ("_online_step", "_merge", "_kv_offsets", "_fwd_tiles", "_attn_fwd_kernel", "_ws_state", "_merge_splits",
           "_attn_decode_merge_kernel", "_fwd", "prefill", "extend")
-DIRS = {"": SHARED, "par": SHARED[1:], "tp": SHARED[1:]}
+DIRS = {"": SHARED, "par": SHARED[1:], "tp": SHARED[1:], "prefetch": SHARED}
 CASES = [(d, n, s) for d in DIRS for n, s in (("plan", "h200_decode"), ("cpu_plan", "cpu_decode_smoke"))]
 
 

@@ -3,10 +3,13 @@
 Every path, at odd shapes: paged decode (page size 1 and 16) and decode from a dense cache for batches of
 mixed lengths around the coupled boundaries (ctx 1, 37, 63, 64, 65, 255, 256, 300, 511, 512, 513, 1100) and
 for one request at a time; chunked extend over the same pools; packed varlen prefill (with the LSE). The
-candidate runs with its own knob values, then with ``dec_tiles`` (the tiles-per-iteration edits) or
-``dec_par`` (tile-parallel groups within a split, every grid) forced to 1, 2 and 4, or with the tile-parallel
-decode forced on (every grid and length) and off (``tp_max_programs``), where the tree has that override; the host rule of a step (if any) picks the group size from the grid, so ``--rule-programs N`` also
-sets ``DECODE_TILES4_MAX_PROGRAMS`` / ``DECODE_TP_MAX_PROGRAMS`` to N first (0: the rule never takes groups). Candidate decode == candidate prefill (the last row of each sequence) always.
+candidate runs with its own knob values, then with each launcher override the tree has: ``dec_tiles`` (the
+tiles-per-iteration edits) or ``dec_par`` (tile-parallel groups within a split, every grid) forced to 1, 2
+and 4; the tile-parallel decode (``tp_max_programs``) or the hand-prefetched loop (``prefetch_max_programs``)
+forced on and off. The host rule of a step (if any) picks its path from the grid, so ``--rule-programs N``
+sets ``DECODE_TILES4_MAX_PROGRAMS`` / ``DECODE_PAR_MAX_PROGRAMS`` / ``DECODE_TP_MAX_PROGRAMS`` /
+``DECODE_PREFETCH_MAX_PROGRAMS`` to N first (0: the rule never takes it). Candidate decode == candidate
+prefill (the last row of each sequence) always.
 
 Usage: ``TRITON_INTERPRET=1 python benchmarks/search_plans/h200_decode/bits_vs_root.py CANDIDATE_DIR
 [--rule-programs N] [--root DIR]`` (root default kernels/tik_v2); exit 1 on any difference.
@@ -71,7 +74,7 @@ def main(argv):
     root, cand = load(root_dir, "_dbits_root"), load(argv[0], "_dbits_cand")
     if "--rule-programs" in argv:
         n = int(argv[argv.index("--rule-programs") + 1])
-        rule = next((r for r in ("DECODE_TILES4_MAX_PROGRAMS", "DECODE_PAR_MAX_PROGRAMS", "DECODE_TP_MAX_PROGRAMS") if hasattr(cand, r)), None)
+        rule = next((r for r in ("DECODE_TILES4_MAX_PROGRAMS", "DECODE_PAR_MAX_PROGRAMS", "DECODE_TP_MAX_PROGRAMS", "DECODE_PREFETCH_MAX_PROGRAMS") if hasattr(cand, r)), None)
         if rule is None:
             raise SystemExit("--rule-programs: the candidate has no DECODE_TILES4_MAX_PROGRAMS / DECODE_TP_MAX_PROGRAMS")
         setattr(cand, rule, n)
@@ -82,6 +85,8 @@ def main(argv):
         variants += [(f"dec_tiles={t}", {"dec_tiles": t}) for t in (1, 2, 4)]
     if "dec_par" in knobs:  # the tile-parallel groups of a split on every grid
         variants += [(f"dec_par={t}", {"dec_par": t, "dec_par_max_programs": 1 << 30}) for t in (1, 2, 4)]
+    if "prefetch_max_programs" in knobs:  # the hand-prefetched full-tile loop on every grid, and nowhere
+        variants += [("prefetch", {"prefetch_max_programs": 1 << 30}), ("pipelined", {"prefetch_max_programs": 0})]
     if "tp_max_programs" in knobs:  # the tile-parallel decode on every grid and request length, and nowhere
         variants += [("tile-parallel", {"tp_max_programs": 1 << 30, "tp_min_tiles": 1}),
                      ("split kernel", {"tp_max_programs": 0})]
