@@ -5,26 +5,19 @@ split loop (README.md beside this file). Usage: ``python benchmarks/search_plans
 
 from __future__ import annotations
 
-import importlib.util
 import os
-
-import yaml
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location("_decode_gen_plan", os.path.join(HERE, "..", "gen_plan.py"))
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+sys.path.insert(0, os.path.dirname(HERE))
+import plan_kit  # noqa: E402  (beside this folder: the builders the decode plans share)
+
+_base = plan_kit.base
 H200_DECODE, CPU_DECODE = _base.H200_DECODE, _base.CPU_DECODE
 
-
-def _grid(w):
-    b, c = (int(x) for x in w[len("decode_b"):].split("_ctx"))
-    return b * 8 * -(-c // 512), -(-c // 64)
-
-
 # cells each step's rule takes: split programs <= the limit
-H200_TP = [w for w in H200_DECODE if w != "decode_b64_mixed" and _grid(w)[0] <= 132]
-H200_TP264 = [w for w in H200_DECODE if w != "decode_b64_mixed" and 132 < _grid(w)[0] <= 264]
+H200_TP = [w for w in H200_DECODE if w != "decode_b64_mixed" and plan_kit.grid(w)[0] <= 132]
+H200_TP264 = [w for w in H200_DECODE if w != "decode_b64_mixed" and 132 < plan_kit.grid(w)[0] <= 264]
 
 EDIT = {"tp": "pf_small.edits", "tpw2": "pf_warps8.edits", "tp264": "pf_264.edits"}
 RISKS = ("the full tiles of a split are reduced one at a time in absolute order by the same _online_step calls on "
@@ -62,45 +55,10 @@ MECH = {
 }
 
 
-def opp(key, base, tw, applies, prio):
-    return {"key": key, "mechanism": MECH[base], "entry_points": ["attention.decode"], "priority": prio,
-            "kind": "initial" if base == "tp" else "followup",
-            "evidence_notes": "tik_v2 decode b1 ctx1024 13.7 us vs cuDNN 7.0 (evidence/tik_v2 attention bench); "
-                              "Nsight Compute of tik_v2 at b1 ctx1024 (evidence/probes/ncu/ncu_decode-tik_v2.txt): "
-                              "the long-scoreboard waits are the table and K/V loads",
-            "target_workloads": tw[base], "applies_to": applies}
-
-
-br = _base.br
-
-
-def step(key, base, parent, promoted, verified, slower, failed):
-    return {"opportunity": key, "parents": [parent], "edits": EDIT[base], "kind": "decode",
-            "expected_effect": EFFECT[base], "numerical_risks": RISKS, "falsifier": FALSIFIER[base],
-            "on_promoted": promoted, "on_verified": verified, "on_slower": slower, "on_failed": failed}
-
-
-def last(key, base, parent):
-    return step(key, base, parent,
-                br("ARCHIVE", f"{base} promoted: the new best", "end of this plan"),
-                br("ARCHIVE", f"{base} verified, not slower, below improve_eps", "end of this plan; its per-cell "
-                   "latencies are the evidence for the next plan"),
-                br("ARCHIVE", f"{base} verified but slower than its parent (or over a limit)", "not built on; end of "
-                   "this plan"),
-                br("ABANDON", f"{base} failed (the audit's error is in this record)", "a failure stays as evidence"))
-
-
-def mid(key, base, parent, nxt, nbase, tw):
-    """A step whose every verified outcome tries ``nbase`` next: on itself when promoted, else on its parent."""
-    return step(key, base, parent,
-                br("CONTINUE", f"{base} promoted: the new best", f"{nbase} on it next",
-                   [opp(f"{nxt}.P", nbase, tw, ["self"], 0.6)]),
-                br("CONTINUE", f"{base} verified, not slower, below improve_eps",
-                   f"{nbase} on it: the next rounds measure both against the best",
-                   [opp(f"{nxt}.V", nbase, tw, ["self"], 0.6)]),
-                br("ARCHIVE", f"{base} verified but slower than its parent (or over a limit)",
-                   f"not built on; {nbase} on the parent", [opp(f"{nxt}.S", nbase, tw, [parent], 0.5)]),
-                br("ABANDON", f"{base} failed (the audit's error is in this record)", "a failure stays as evidence"))
+EVIDENCE = ("tik_v2 decode b1 ctx1024 13.7 us vs cuDNN 7.0 (evidence/tik_v2 attention bench); "
+            "Nsight Compute of tik_v2 at b1 ctx1024 (evidence/probes/ncu/ncu_decode-tik_v2.txt): "
+            "the long-scoreboard waits are the table and K/V loads")
+K = plan_kit.Kit(EDIT, RISKS, EFFECT, FALSIFIER, MECH, EVIDENCE, first="tp")
 
 
 def plan(tw):
@@ -109,26 +67,24 @@ def plan(tw):
                           "64-key tile); Nsight Compute puts the waits on the table load and the K/V copies of "
                           "each tile, one after the other.",
         "rationale": "issue each tile's table load two tiles and its K/V one tile ahead of use, by hand",
-        "opportunities": [opp("tp", "tp", tw, ["root"], 1.0)],
+        "opportunities": [K.opp("tp", "tp", tw, ["root"], 1.0)],
     }
     steps = [
-        mid("tp", "tp", "root", "tpw2", "tpw2", tw),
-        mid("tpw2.P", "tpw2", "tp", "tp264a", "tp264", tw),
-        mid("tpw2.V", "tpw2", "tp", "tp264b", "tp264", tw),
-        last("tp264a.P", "tp264", "tpw2.P"),
-        last("tp264a.V", "tp264", "tpw2.P"),
-        last("tp264a.S", "tp264", "tp"),
-        last("tp264b.P", "tp264", "tpw2.V"),
-        last("tp264b.V", "tp264", "tpw2.V"),
-        last("tp264b.S", "tp264", "tp"),
+        K.mid("tp", "tp", "root", "tpw2", "tpw2", tw),
+        K.mid("tpw2.P", "tpw2", "tp", "tp264a", "tp264", tw),
+        K.mid("tpw2.V", "tpw2", "tp", "tp264b", "tp264", tw),
+        K.last("tp264a.P", "tp264", "tpw2.P"),
+        K.last("tp264a.V", "tp264", "tpw2.P"),
+        K.last("tp264a.S", "tp264", "tp"),
+        K.last("tp264b.P", "tp264", "tpw2.V"),
+        K.last("tp264b.V", "tp264", "tpw2.V"),
+        K.last("tp264b.S", "tp264", "tp"),
     ]
     return {"root": "tik_v2", "initial": initial, "steps": steps}
 
 
 def write(path, tw):
-    with open(path, "w") as f:
-        f.write("# generated by gen_plan.py (root kernels/tik_v2; see README.md); edit paths are relative to this file\n")
-        yaml.safe_dump(plan(tw), f, sort_keys=False, width=110)
+    plan_kit.write(path, plan(tw))
 
 
 H200_TW = {"tp": H200_TP, "tp264": H200_TP264, "tpw2": H200_TP}
