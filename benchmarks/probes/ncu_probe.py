@@ -7,6 +7,8 @@ Cases (``--cases``, comma list):
   ``F.linear`` on the same x / weight (the contract suite's GEMM shapes);
 * ``decode:<B>:<ctx>``: paged decode attention (page size 1, Hq 32, Hkv 8, D 128: Qwen3-4B / 8B), then
   cuDNN SDPA on the same shape with a dense cache.
+* ``prefill:<B>:<L>``: causal packed-varlen prefill of B sequences of L tokens (``attention_varlen``, same
+  heads), then cuDNN SDPA (causal, GQA) on the same q / k / v as [B, H, L, D].
 
 Each case runs twice before the window (compile, autotune-free warm-up) and once inside it. ncu's default
 cache control flushes the caches before every replay pass, so the weights / KV come from HBM, as in decode.
@@ -27,10 +29,12 @@ from areal_tik_plugin.contract.gemm import named_shapes
 
 GEMM_SHAPES = named_shapes()
 MAX_DECODE_TOKENS = 1 << 21   # B * ctx: the dense + paged caches stay under ~4 GB each
+MAX_PREFILL_TOKENS = 1 << 17  # B * L: q / k / v and the baseline's copies stay under ~2 GB
 
 
 def parse_cases(text: str) -> list[tuple]:
-    """``gemm:<shape>:<M>`` / ``decode:<B>:<ctx>`` → ("gemm", shape, M) / ("decode", B, ctx)."""
+    """``gemm:<shape>:<M>`` / ``decode:<B>:<ctx>`` / ``prefill:<B>:<L>`` → ("gemm", shape, M) /
+    ("decode", B, ctx) / ("prefill", B, L)."""
     out = []
     for item in [s for s in text.split(",") if s]:
         parts = item.split(":")
@@ -47,10 +51,17 @@ def parse_cases(text: str) -> list[tuple]:
                     raise ValueError
                 out.append(("decode", b, ctx))
                 continue
+            if parts[0] == "prefill" and len(parts) == 3:
+                b, n = int(parts[1]), int(parts[2])
+                if not (1 <= b <= 256 and 1 <= n and b * n <= MAX_PREFILL_TOKENS):
+                    raise ValueError
+                out.append(("prefill", b, n))
+                continue
         except ValueError:
             pass
         raise ValueError(f"--cases: {item!r} is not gemm:<shape>:<M> (shape one of {sorted(GEMM_SHAPES)}, "
-                         f"1 <= M <= 65536) or decode:<B>:<ctx> (1 <= B <= 256, B*ctx <= {MAX_DECODE_TOKENS})")
+                         f"1 <= M <= 65536), decode:<B>:<ctx> (1 <= B <= 256, B*ctx <= {MAX_DECODE_TOKENS}) or "
+                         f"prefill:<B>:<L> (1 <= B <= 256, B*L <= {MAX_PREFILL_TOKENS})")
     if not out:
         raise ValueError("--cases: expected at least one case")
     return out
@@ -67,10 +78,27 @@ def build(case, torch, F):
         return (lambda: linear(x, w)), (lambda: F.linear(x, w))
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from areal_tik_plugin.ops import attention_decode
+    from areal_tik_plugin.ops import attention_decode, attention_varlen
 
-    B, ctx = case[1], case[2]
     Hq, Hkv, D = 32, 8, 128
+    if case[0] == "prefill":
+        B, n = case[1], case[2]
+        q = torch.randn(B * n, Hq, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B * n, Hkv, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B * n, Hkv, D, device="cuda", dtype=torch.bfloat16)
+        cu = torch.arange(0, B + 1, device="cuda", dtype=torch.int32) * n
+        # the baseline's [B, H, L, D] copies are made here, outside the profiled launches
+        q4, k4, v4 = (t.view(B, n, -1, D).transpose(1, 2).contiguous() for t in (q, k, v))
+
+        def ours_p():
+            return attention_varlen(q, k, v, cu, max_seqlen=n)
+
+        def base_p():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
+
+        return ours_p, base_p
+    B, ctx = case[1], case[2]
     k = torch.randn(B, Hkv, ctx, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(B, Hkv, ctx, D, device="cuda", dtype=torch.bfloat16)
     # page size 1: token slot = b * ctx + t, the pool [B*ctx, Hkv, D], one table row per request

@@ -9,10 +9,10 @@ from tests.helpers.scripts import load_script
 
 def test_parse_cases():
     probe = load_script("ncu_probe")
-    assert probe.parse_cases("gemm:qwen3-4b:down:64,decode:1:8192") == [("gemm", "qwen3-4b:down", 64),
-                                                                          ("decode", 1, 8192)]
+    assert probe.parse_cases("gemm:qwen3-4b:down:64,decode:1:8192,prefill:4:8192") == [
+        ("gemm", "qwen3-4b:down", 64), ("decode", 1, 8192), ("prefill", 4, 8192)]
     for bad in ("", "gemm:qwen3-4b:down", "gemm:qwen3-4b:nope:64", "gemm:qwen3-4b:o:0", "decode:0:128",
-                "decode:1:x", "decode:256:1000000", "attn:1:2"):
+                "decode:1:x", "decode:256:1000000", "attn:1:2", "prefill:1", "prefill:0:1024", "prefill:16:16384"):
         with pytest.raises(ValueError, match="--cases"):
             probe.parse_cases(bad)
 
