@@ -2,10 +2,11 @@
 # One device call: the prefill tile-loop probes on the H200 (writes under $OUT, prints a table last).
 #   1. benchmarks/probes/wgmma_overlap_probe.py: the contract's unmasked tile loop as Triton writes it
 #      against explicit-wgmma (Gluon) forms that issue the next score MMA ahead; bits vs Triton's loop.
-#   2. Nsight Compute of the selected prefill (attention_varlen) against cuDNN SDPA on the same shapes:
+#   2. benchmarks/probes/gluon_prefill_probe.py: kernels/tik_v4's prefill (Gluon on sm_90) vs tik_v2's: bits, time.
+#   3. Nsight Compute of the selected prefill (attention_varlen) against cuDNN SDPA on the same shapes:
 #      details page and per-SASS-line stall samples of our kernel.
 #   bash benchmarks/gpu_prefill_probes.sh [CASES]     (CASES: ncu_probe.py --cases, prefill:B:L,...)
-set -euo pipefail
+set -uo pipefail  # each step reports its own failure; a hung kernel is cut by its timeout
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the output folder}
 CASES=${1:-prefill:4:8192,prefill:16:1024}
@@ -16,9 +17,13 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.sm --format=csv >"$OUT/gpu.txt"
 
 echo "== wgmma overlap probe (2 and 3 stages)"
 for st in 2 3; do
-  python3 benchmarks/probes/wgmma_overlap_probe.py --stages "$st" --json "$OUT/wgmma_overlap_probe-s$st.json" \
+  timeout 180 python3 benchmarks/probes/wgmma_overlap_probe.py --stages "$st" --json "$OUT/wgmma_overlap_probe-s$st.json" \
     >"$OUT/wgmma_overlap_probe-s$st.log" 2>&1 || echo "wgmma probe (stages $st) failed: $(tail -3 "$OUT/wgmma_overlap_probe-s$st.log")"
 done
+
+echo "== gluon prefill probe (tik_v4 vs tik_v2 bits and time, cuDNN beside)"
+timeout 240 python3 benchmarks/probes/gluon_prefill_probe.py --json "$OUT/gluon_prefill_probe.json" >"$OUT/gluon_prefill_probe.log" 2>&1 \
+  || echo "gluon prefill probe failed: $(tail -5 "$OUT/gluon_prefill_probe.log")"
 
 echo "== ncu prefill ($CASES, $IMPL)"
 name=ncu_prefill-$IMPL
@@ -48,6 +53,11 @@ for f in sorted(glob.glob(os.path.join(out, "wgmma_overlap_probe-s*.json"))):
             print(f"  {k:15s} {v['us']:9.2f} us {v['tflops']:7.1f} TFLOP/s  bits==triton {v['bits_equal_out']},"
                   f"{v['bits_equal_lse']}  regs {c.get('regs')} spill {c.get('spill_bytes')}")
     print(f"  fp64 max abs err (triton loop): {r['kernels']['fp64_max_abs_err_triton']:.2e}")
+g = os.path.join(out, "gluon_prefill_probe.log")
+if os.path.exists(g):
+    lines = open(g).read().splitlines()
+    i = next((j for j, l in enumerate(lines) if l.startswith("case ")), None)
+    print("\n".join(lines[i:] if i is not None else lines[-8:]))
 t = os.path.join(out, name + ".txt")
 if os.path.exists(t):
     kern, dur = None, []

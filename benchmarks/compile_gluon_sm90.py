@@ -1,0 +1,119 @@
+"""Compile an implementation's Gluon prefill (``attention_gluon.py``) for sm_90 on a CPU box (no GPU).
+
+For every variant ``attention_gluon.applies`` admits (D 64 / 128, bf16 / fp16, with and without the
+LSE), at GQA group 4: registers, spill bytes and shared memory from the triton wheel's ptxas, whether K /
+V come through TMA and the MMAs are wgmma, how many ``wgmma.wait_group 1`` (an MMA left in flight) the
+PTX has, and whether any fp32 fma appears (FP contraction must stay off). Fails (exit 1) on a compile
+error, a spill, more than half of the SM's 227 KiB of shared memory (two programs per SM), no MMA in
+flight, or an fp32 fma. Gluon kernels cannot run under TRITON_INTERPRET; this script must run without it.
+
+Usage: ``python benchmarks/compile_gluon_sm90.py [--impl kernels/tik_v4] [--json OUT.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+SMEM_PER_PROGRAM = 227 * 1024 // 2
+
+
+def _load(impl: str):
+    path = os.path.join(impl, "attention_gluon.py")
+    if not os.path.isfile(path):
+        raise SystemExit(f"compile_gluon_sm90: {path} not found (expected an implementation folder with "
+                         "attention_gluon.py)")
+    spec = importlib.util.spec_from_file_location("_tik_attention_gluon", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compile_variant(g, d: int, dtype, lse: bool) -> dict:
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    gdt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    lay = gl.NVMMASharedLayout.get_default_for([64, d], gdt)
+    desc = mangle_type(g.TensorDescriptor(torch.zeros(64, d, dtype=dtype), [64, d], [d, 1], [64, d], lay))
+    ptr = "*bf16" if dtype == torch.bfloat16 else "*fp16"
+    sig = {"q_desc": desc, "k_desc": desc, "v_desc": desc, "O": ptr, "LSE": "*fp32", "cu_q": "*i32",
+           "stride_ot": "i32", "stride_oh": "i32", "lse_stride_h": "i32", "qk_scale": "fp32"}
+    cx = {"GROUP": 4, "D": d, "BM": g.BLOCK_M, "TILE": 64, "TPS": 8, "STAGES": g.STAGES, "STORE_LSE": lse}
+    sig.update({k: "constexpr" for k in cx})
+    c = triton.compile(GluonASTSource(g._attn_fwd_gluon, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4, "enable_fp_fusion": False})
+    ptx = c.asm["ptx"]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    if r.returncode:
+        raise RuntimeError(f"ptxas failed: {r.stderr[-600:]}")
+    return {"d": d, "dtype": str(dtype).split(".")[-1], "lse": lse,
+            "regs": max(int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)),
+            "spill_bytes": max([int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)] or [0]),
+            "smem": int(c.metadata.shared), "tma": "cp.async.bulk.tensor" in ptx, "wgmma": "wgmma.mma_async" in ptx,
+            "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+1", ptx)),
+            "fma_f32": len(re.findall(r"\bfma\.rn\.f32", ptx)), "ex2": len(re.findall(r"\bex2\.approx", ptx))}
+
+
+def failures(r: dict) -> list[str]:
+    out = []
+    if r["spill_bytes"]:
+        out.append(f"spills {r['spill_bytes']} B")
+    if r["smem"] > SMEM_PER_PROGRAM:
+        out.append(f"shared memory {r['smem']} B > {SMEM_PER_PROGRAM}")
+    if not (r["tma"] and r["wgmma"]):
+        out.append("not TMA + wgmma")
+    if not r["wgmma_wait_1"]:
+        out.append("no wgmma left in flight")
+    if r["fma_f32"]:
+        out.append(f"{r['fma_f32']} fp32 fma (FP contraction must be off)")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python benchmarks/compile_gluon_sm90.py")
+    ap.add_argument("--impl", default="kernels/tik_v4")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        ap.error("TRITON_INTERPRET is set: Gluon kernels only compile for the GPU; unset it")
+    import torch
+
+    g = _load(args.impl)
+    res, bad = [], 0
+    for d in g.HEAD_DIMS:
+        for dt in g.DTYPES:
+            for lse in (False, True):
+                r = compile_variant(g, d, dt, lse)
+                f = failures(r)
+                bad += bool(f)
+                res.append(r)
+                print(f"{'FAIL' if f else 'ok  '} D {d:3d} {r['dtype']:8s} lse {lse!s:5s} regs {r['regs']} spill "
+                      f"{r['spill_bytes']} smem {r['smem']} wait1 {r['wgmma_wait_1']} ex2 {r['ex2']}"
+                      + (f"  ({'; '.join(f)})" if f else ""))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"impl": args.impl, "torch": torch.__version__, "variants": res}, fh, indent=1)
+            fh.write("\n")
+    print(f"{bad} failure(s)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""GPU probe: kernels/tik_v4's prefill (sm_90: attention_gluon, explicit async wgmma) against tik_v2's
+(Triton, TMA K/V) on the same inputs: output and LSE bits, and time beside cuDNN SDPA.
+
+Bits: packed varlen batches with odd lengths (1, 17, 70, 33, 511, 513, 1000, 2049), GQA 32 / 8 at D 128
+and 8 / 2 at D 64, bf16 and fp16, and K / V as strided views of one fused QKV tensor; each case says
+whether tik_v4 took its Gluon path (``attention_gluon.applies``) and whether ``prefill(return_lse=True)``
+gives tik_v2's bits (int16 / int32 views). Time: the quick spec's prefill cells (Hq 32, Hkv 8, D 128,
+bf16), CUDA events, median of ``--iters`` calls after two warm-ups, for tik_v4, tik_v2 and
+``F.scaled_dot_product_attention`` under ``SDPBackend.CUDNN_ATTENTION`` (causal, GQA) on [B, H, L, D].
+
+    python benchmarks/probes/gluon_prefill_probe.py --json $OUT/gluon_prefill_probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIT_LENS = (1, 17, 70, 33, 511, 513, 1000, 2049)
+CELLS = ((1, 1024), (1, 4096), (1, 8192), (4, 1024), (4, 4096), (4, 8192), (8, 1024), (8, 4096), (16, 1024),
+         (16, 4096))
+
+
+def _mods():
+    from areal_tik_plugin.runtime import loader
+
+    k = os.path.join(ROOT, "kernels")
+    v4 = loader.load_implementation(os.path.join(k, "tik_v4"))
+    v2 = loader.load_implementation(os.path.join(k, "tik_v2"))
+    return v4.module("attention"), v4.module("attention_gluon"), v2.module("attention")
+
+
+def bit_cases(torch):
+    a4, g4, a2 = _mods()
+    out = []
+    for hq, hkv, d, dt, fused in ((32, 8, 128, torch.bfloat16, False), (8, 2, 64, torch.bfloat16, False),
+                                  (32, 8, 128, torch.float16, False), (32, 8, 128, torch.bfloat16, True)):
+        torch.manual_seed(hq * d + fused)
+        lens = torch.tensor(BIT_LENS)
+        T = int(lens.sum())
+        cu = torch.zeros(len(BIT_LENS) + 1, dtype=torch.int32)
+        cu[1:] = lens.cumsum(0)
+        cu = cu.cuda()
+        if fused:  # one [T, (Hq + 2 Hkv) * D] projection output, q / k / v as views (row stride > H * D)
+            qkv = torch.randn(T, (hq + 2 * hkv) * d, device="cuda", dtype=dt)
+            q = qkv[:, :hq * d].view(T, hq, d)
+            k = qkv[:, hq * d:(hq + hkv) * d].view(T, hkv, d)
+            v = qkv[:, (hq + hkv) * d:].view(T, hkv, d)
+        else:
+            q = torch.randn(T, hq, d, device="cuda", dtype=dt)
+            k = torch.randn(T, hkv, d, device="cuda", dtype=dt)
+            v = torch.randn(T, hkv, d, device="cuda", dtype=dt)
+        scale = d ** -0.5
+        mx = max(BIT_LENS)
+        o4, l4 = a4.prefill(q, k, v, cu, mx, scale, return_lse=True)
+        o2, l2 = a2.prefill(q, k, v, cu, mx, scale, return_lse=True)
+        o4n = a4.prefill(q, k, v, cu, mx, scale)
+        torch.cuda.synchronize()
+        out.append({"hq": hq, "hkv": hkv, "d": d, "dtype": str(dt).split(".")[-1], "fused_qkv": fused,
+                    "gluon_path": bool(g4.applies(q, k, v, g4.BLOCK_M, 64, 512)),
+                    "out_bits_equal": bool(torch.equal(o4.view(torch.int16), o2.view(torch.int16))),
+                    "lse_bits_equal": bool(torch.equal(l4.view(torch.int32), l2.view(torch.int32))),
+                    "out_no_lse_bits_equal": bool(torch.equal(o4n.view(torch.int16), o2.view(torch.int16))),
+                    "rows_differing": int((o4.view(torch.int16) != o2.view(torch.int16)).any(-1).any(-1).sum()),
+                    "max_abs_diff": float((o4.float() - o2.float()).abs().max())})
+    return out
+
+
+def _time(torch, fn, iters):
+    fn(), fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def time_cells(torch, F, iters):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    a4, _, a2 = _mods()
+    hq, hkv, d = 32, 8, 128
+    res = []
+    for B, n in CELLS:
+        torch.manual_seed(B * n)
+        q = torch.randn(B * n, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B * n, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B * n, hkv, d, device="cuda", dtype=torch.bfloat16)
+        cu = torch.arange(0, B + 1, device="cuda", dtype=torch.int32) * n
+        q4, k4, v4 = (t.view(B, n, -1, d).transpose(1, 2).contiguous() for t in (q, k, v))
+        scale = d ** -0.5
+
+        def cudnn():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
+
+        t4 = _time(torch, lambda: a4.prefill(q, k, v, cu, n, scale), iters)
+        t2 = _time(torch, lambda: a2.prefill(q, k, v, cu, n, scale), iters)
+        tc = _time(torch, cudnn, iters)
+        flops = 4 * B * hq * d * n * n / 2
+        same = torch.equal(a4.prefill(q, k, v, cu, n, scale).view(torch.int16),
+                           a2.prefill(q, k, v, cu, n, scale).view(torch.int16))
+        res.append({"cell": f"prefill_b{B}_L{n}", "tik_v4_us": round(t4, 2), "tik_v2_us": round(t2, 2),
+                    "cudnn_us": round(tc, 2), "v4_over_v2": round(t2 / t4, 3), "v4_vs_cudnn": round(tc / t4, 3),
+                    "v2_vs_cudnn": round(tc / t2, 3), "v4_tflops": round(flops / t4 / 1e6, 1),
+                    "cudnn_tflops": round(flops / tc / 1e6, 1), "bits_equal": bool(same)})
+        del q, k, v, q4, k4, v4
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python benchmarks/probes/gluon_prefill_probe.py")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.iters < 1:
+        ap.error(f"--iters: expected >= 1, got {args.iters}")
+    import torch
+    import torch.nn.functional as F
+
+    if not torch.cuda.is_available():
+        print("gluon_prefill_probe: needs a CUDA device", file=sys.stderr)
+        return 2
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    import triton
+
+    res["triton"] = triton.__version__
+    res["bits"] = bit_cases(torch)
+    res["cells"] = time_cells(torch, F, args.iters)
+    text = json.dumps(res, indent=1)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    print(f"{'case':28s} gluon bits(out,lse,out-no-lse)")
+    for c in res["bits"]:
+        print(f"  {c['hq']}/{c['hkv']} D{c['d']} {c['dtype']} fused={c['fused_qkv']!s:5s} {c['gluon_path']!s:5s} "
+              f"{c['out_bits_equal']},{c['lse_bits_equal']},{c['out_no_lse_bits_equal']} rows {c['rows_differing']}")
+    print(f"{'cell':20s} {'v4 us':>9s} {'v2 us':>9s} {'cudnn':>9s} {'v4/v2':>6s} {'v4/cud':>6s} {'v2/cud':>6s} bits")
+    g = 1.0
+    for c in res["cells"]:
+        g *= c["v4_vs_cudnn"]
+        print(f"{c['cell']:20s} {c['tik_v4_us']:9.1f} {c['tik_v2_us']:9.1f} {c['cudnn_us']:9.1f} {c['v4_over_v2']:6.3f} "
+              f"{c['v4_vs_cudnn']:6.3f} {c['v2_vs_cudnn']:6.3f} {c['bits_equal']}")
+    print(f"geomean tik_v4 / cuDNN: {g ** (1 / len(res['cells'])):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

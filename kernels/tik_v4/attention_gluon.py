@@ -1,0 +1,211 @@
+"""sm_90 packed prefill with explicit async wgmma (Gluon): the contract's arithmetic, FA3's issue order.
+
+Why this file exists: Triton 3.6 waits for every wgmma that is not an accumulation chain right after
+issuing it (``pendings = 0``), so in ``attention.py``'s prefill the score MMA of a tile never runs under
+the softmax of the tile before it, and its Hopper automatic warp specialization fails on that loop. Here
+the order is written by hand, per 64-key tile t of one 64-row warpgroup:
+
+    issue S(t+1) = Q K(t+1)^T                (async; runs under the softmax below)
+    P(t), alpha(t) from S(t)                 (the instructions of attention.py:_online_step)
+    wait for P(t-1) V(t-1); acc *= alpha(t)
+    issue rowsum(t) = P(t) ones, P(t) V(t)   (async; P(t) V(t) runs under the next tile's softmax)
+    wait for S(t+1) and rowsum(t); l = l * alpha(t) + max(rowsum(t))
+
+Every value is computed by the same instruction on the same operands as ``attention.py``: the same
+wgmma shapes (instrShape n = 64 / D / 16, the layouts Triton picks for that loop), the same elementwise
+order with FP contraction off, ``_merge`` at the same split ends, ``ACC / L`` and ``M + log2(L)`` last.
+Only the issue order differs, so the outputs are the bits of ``attention.py``'s prefill (checked on
+the GPU by ``benchmarks/probes/gluon_prefill_probe.py`` and the contract suites; Gluon has no CPU
+interpreter, so the CPU runs ``attention.py``'s kernel and compiles this one for sm_90).
+
+K / V / Q are read through 2-D TMA descriptors over [T, H * D] (rows of a head contiguous): as in
+``attention.py``'s TMA path, rows of a masked tile past the sequence's end hold the next sequence's
+keys (or zero fill); their scores are set to -inf before the row max, so p = 0 there.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
+    warpgroup_mma_init, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+BLOCK_M = 64   # one warpgroup of 4 warps
+STAGES = 2     # K / V ring depth (2 x 2 x 16 KiB at D 128: two programs per SM)
+
+
+@gluon.jit
+def _g_scores_to_p(m_i, s, qk_scale, mask, MASK: gl.constexpr):
+    s = s * qk_scale
+    if MASK:
+        s = gl.where(mask, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    return m_new, p, alpha
+
+
+@gluon.jit
+def _attn_fwd_gluon(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, lse_stride_h, qk_scale,
+                    GROUP: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr,
+                    STAGES: gl.constexpr, STORE_LSE: gl.constexpr):
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE, 16])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+    blk: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
+    ones_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16)
+    row_s: gl.constexpr = gl.SliceLayout(1, mma_s)
+    col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
+    row_o: gl.constexpr = gl.SliceLayout(1, mma_o)
+    row_l: gl.constexpr = gl.SliceLayout(1, mma_l)
+    dt: gl.constexpr = q_desc.dtype
+
+    pid_m = gl.program_id(0)
+    b = gl.program_id(1)
+    h = gl.program_id(2)
+    h_kv = h // GROUP
+    q_start = gl.load(cu_q + b)
+    q_len = gl.load(cu_q + b + 1) - q_start
+    start_m = pid_m * BM
+    if start_m < q_len:
+        hi = gl.minimum(start_m + BM, q_len)
+        full_end = ((start_m + 1) // TILE) * TILE
+        n = gl.cdiv(hi, TILE)
+
+        q_s = gl.allocate_shared_memory(dt, [BM, D], q_desc.layout)
+        k_s = gl.allocate_shared_memory(dt, [STAGES, TILE, D], k_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [STAGES, TILE, D], v_desc.layout)
+        ones_s = gl.allocate_shared_memory(dt, [TILE, 16], ones_l, gl.full([TILE, 16], 1.0, dt, layout=blk))
+        bar_q = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        bar_k = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        bar_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar_q.index(0), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bar_k.index(i), count=1)
+            mbarrier.init(bar_v.index(i), count=1)
+        fence_async_shared()
+
+        kv_row = q_start          # prefill: the sequence's keys start where its queries do
+        kv_col = h_kv * D
+        mbarrier.expect(bar_q.index(0), BM * D * 2)
+        tma.async_copy_global_to_shared(q_desc, [q_start + start_m, h * D], bar_q.index(0), q_s)
+        for i in gl.static_range(STAGES):
+            mbarrier.expect(bar_k.index(i), TILE * D * 2, pred=i < n)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + i * TILE, kv_col], bar_k.index(i), k_s.index(i), pred=i < n)
+            mbarrier.expect(bar_v.index(i), TILE * D * 2, pred=i < n)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + i * TILE, kv_col], bar_v.index(i), v_s.index(i), pred=i < n)
+        mbarrier.wait(bar_q.index(0), 0)
+
+        zs = gl.zeros([BM, TILE], gl.float32, mma_s)
+        zl = gl.zeros([BM, 16], gl.float32, mma_l)
+        M = gl.full([BM], float("-inf"), gl.float32, row_o)
+        L = gl.zeros([BM], gl.float32, row_o)
+        ACC = gl.zeros([BM, D], gl.float32, mma_o)
+        m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([BM], gl.float32, row_l)
+        acc_t = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, mma_o))
+        q_abs = start_m + gl.arange(0, BM, layout=row_s)
+        offs_n = gl.arange(0, TILE, layout=col_s)
+
+        mbarrier.wait(bar_k.index(0), 0)
+        s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zs, use_acc=False)
+        for t in range(0, n):
+            st = t % STAGES
+            ph = (t // STAGES) & 1
+            if t + STAGES < n:
+                mbarrier.expect(bar_k.index(st), TILE * D * 2)
+                tma.async_copy_global_to_shared(k_desc, [kv_row + (t + STAGES) * TILE, kv_col], bar_k.index(st),
+                                                k_s.index(st))
+            t1 = gl.minimum(t + 1, n - 1)
+            mbarrier.wait(bar_k.index(t1 % STAGES), (t1 // STAGES) & 1)
+            s_next = warpgroup_mma(q_s, k_s.index(t1 % STAGES).permute((1, 0)), zs, use_acc=False, is_async=True)
+            start_n = t * TILE
+            if start_n >= full_end:
+                k_pos = start_n + offs_n
+                mask = (gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_abs, 1)) & gl.expand_dims(k_pos < hi, 0)
+                m_new, p, alpha = _g_scores_to_p(m_i, s, qk_scale, mask, True)
+            else:
+                m_new, p, alpha = _g_scores_to_p(m_i, s, qk_scale, s, False)
+            pb = p.to(dt)
+            acc = warpgroup_mma_wait(1, deps=[acc_t])
+            if t > 0:
+                tp = t - 1
+                if tp + STAGES < n:
+                    mbarrier.expect(bar_v.index(tp % STAGES), TILE * D * 2)
+                    tma.async_copy_global_to_shared(v_desc, [kv_row + (tp + STAGES) * TILE, kv_col],
+                                                    bar_v.index(tp % STAGES), v_s.index(tp % STAGES))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            r = warpgroup_mma(gl.convert_layout(pb, gl.DotOperandLayout(0, mma_l, 2)), ones_s, zl, use_acc=False,
+                              is_async=True)
+            mbarrier.wait(bar_v.index(st), ph)
+            acc_t = warpgroup_mma(gl.convert_layout(pb, gl.DotOperandLayout(0, mma_o, 2)), v_s.index(st), acc,
+                                  is_async=True)
+            s, r = warpgroup_mma_wait(1, deps=[s_next, r])
+            l_i = l_i * gl.convert_layout(alpha, row_l) + gl.max(r, 1)
+            m_i = m_new
+            if ((t + 1) % TPS == 0) | (t + 1 == n):
+                acc = warpgroup_mma_wait(0, deps=[acc_t])
+                mo = gl.convert_layout(m_i, row_o)
+                lo = gl.convert_layout(l_i, row_o)
+                M_new = gl.maximum(M, mo)
+                M_safe = gl.where(M_new == float("-inf"), 0.0, M_new)
+                a = gl.exp2(M - M_safe)
+                bb = gl.exp2(mo - M_safe)
+                L = L * a + lo * bb
+                ACC = ACC * gl.expand_dims(a, 1) + acc * gl.expand_dims(bb, 1)
+                M = M_new
+                m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
+                l_i = gl.zeros([BM], gl.float32, row_l)
+                acc_t = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, mma_o))
+
+        mbarrier.invalidate(bar_q.index(0))
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bar_k.index(i))
+            mbarrier.invalidate(bar_v.index(i))
+        offs_m = start_m + gl.arange(0, BM, layout=row_o)
+        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, mma_o))
+        row_ok = offs_m < q_len
+        rows = (q_start + offs_m).to(gl.int64)
+        out = ACC / gl.expand_dims(L, 1)
+        gl.store(O + gl.expand_dims(rows, 1) * stride_ot + h * stride_oh + gl.expand_dims(offs_d, 0),
+                 out.to(O.dtype.element_ty), mask=gl.expand_dims(row_ok, 1))
+        if STORE_LSE:
+            gl.store(LSE + h * lse_stride_h + q_start + offs_m, M + gl.log2(L), mask=row_ok)
+
+
+def _desc_ok(x: torch.Tensor) -> bool:
+    """x [T, H, D] readable as a 2-D [T, H * D] TMA tensor: heads contiguous, 16-byte aligned rows."""
+    es = x.element_size()
+    return (x.dim() == 3 and x.shape[0] > 0 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+            and x.data_ptr() % 16 == 0 and (x.stride(0) * es) % 16 == 0)
+
+
+def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, tile: int, split: int) -> bool:
+    """Whether ``prefill`` runs these tensors: an sm_90 device, bf16 / fp16, D 64 or 128, the
+    contract's 64-key tile, 64-row blocks, TMA-readable q / k / v. Otherwise attention.py's kernel runs
+    (the same bits: both compute the contract's instructions)."""
+    return (q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0) and q.dtype in DTYPES
+            and k.dtype == q.dtype and v.dtype == q.dtype and q.shape[2] in HEAD_DIMS and tile == 64
+            and split % tile == 0 and block_m == BLOCK_M and all(_desc_ok(x) for x in (q, k, v)))
+
+
+def prefill(q, k, v, o, lse, cu_q, max_q, qk_scale, store_lse, tile, split):
+    """Packed causal prefill (queries and keys of sequence b at rows cu_q[b]..cu_q[b+1]) into ``o`` (and
+    ``lse`` [Hq, T] when ``store_lse``); ``qk_scale`` is softmax_scale * log2(e) in fp32."""
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    B = cu_q.numel() - 1
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    lay = gl.NVMMASharedLayout.get_default_for([tile, D], gdt)
+    qd = TensorDescriptor(q, [T, Hq * D], [q.stride(0), 1], [BLOCK_M, D], lay)
+    kd = TensorDescriptor(k, [k.shape[0], Hkv * D], [k.stride(0), 1], [tile, D], lay)
+    vd = TensorDescriptor(v, [v.shape[0], Hkv * D], [v.stride(0), 1], [tile, D], lay)
+    grid = ((max(int(max_q), 1) + BLOCK_M - 1) // BLOCK_M, B, Hq)
+    _attn_fwd_gluon[grid](qd, kd, vd, o, lse, cu_q, o.stride(0), o.stride(1), lse.stride(0) if store_lse else 0,
+                          qk_scale, GROUP=Hq // Hkv, D=D, BM=BLOCK_M, TILE=tile, TPS=split // tile, STAGES=STAGES,
+                          STORE_LSE=store_lse, num_warps=4, enable_fp_fusion=False)

@@ -1,0 +1,52 @@
+"""kernels/tik_v4: tik_v2 with the sm_90 packed prefill in Gluon (attention_gluon.py, explicit async wgmma).
+Gluon has no CPU interpreter, so here: the Gluon kernel compiles for sm_90 with no spills for every head
+dim / dtype / LSE variant ``applies`` admits, with one wgmma left in flight (``wgmma.wait_group 1``);
+on the CPU tik_v4 runs tik_v2's kernel and gives its bits. Its bits on the H200:
+benchmarks/probes/gluon_prefill_probe.py and the contract suite."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from areal_tik_plugin.runtime import loader
+from tests.helpers.scripts import ptxas_available, run_script
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "kernels")
+
+
+@pytest.fixture(scope="module")
+def mods():
+    v4 = loader.load_implementation(os.path.join(ROOT, "tik_v4"))
+    return v4.module("attention"), v4.module("attention_gluon"), \
+        loader.load_implementation(os.path.join(ROOT, "tik_v2")).module("attention")
+
+
+@pytest.mark.skipif(not ptxas_available(), reason="triton's bundled ptxas not found")
+def test_gluon_prefill_compiles_for_sm90(tmp_path):
+    out = tmp_path / "g.json"
+    r = run_script("compile_gluon_sm90", "--impl", os.path.join(ROOT, "tik_v4"), "--json", str(out), timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    v = json.loads(out.read_text())["variants"]
+    assert {(x["d"], x["dtype"], x["lse"]) for x in v} == {(d, t, l) for d in (64, 128) for t in ("bfloat16", "float16")
+                                                           for l in (False, True)}
+    assert all(x["spill_bytes"] == 0 and x["wgmma_wait_1"] >= 1 and x["fma_f32"] == 0 for x in v), v
+
+
+def test_cpu_runs_tik_v2_kernel_with_its_bits(mods):
+    a4, g4, a2 = mods
+    torch.manual_seed(0)
+    lens = [1, 17, 70, 33]
+    T = sum(lens)
+    cu = torch.tensor([0, 1, 18, 88, 121], dtype=torch.int32)
+    q = torch.randn(T, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(T, 2, 64, dtype=torch.bfloat16)
+    v = torch.randn(T, 2, 64, dtype=torch.bfloat16)
+    assert not g4.applies(q, k, v, g4.BLOCK_M, 64, 512)
+    o4, l4 = a4.prefill(q, k, v, cu, max(lens), 0.125, return_lse=True)
+    o2, l2 = a2.prefill(q, k, v, cu, max(lens), 0.125, return_lse=True)
+    assert torch.equal(o4.view(torch.int16), o2.view(torch.int16))
+    assert torch.equal(l4.view(torch.int32), l2.view(torch.int32))
