@@ -3,11 +3,11 @@
 For every variant ``attention_gluon.applies`` admits (D 64 / 128, bf16 / fp16, with and without the
 LSE), at GQA group 4: registers, spill bytes and shared memory from the triton wheel's ptxas, whether K /
 V come through TMA and the MMAs are wgmma, how many ``wgmma.wait_group 1`` (an MMA left in flight) the
-PTX has, and whether any fp32 fma appears (FP contraction must stay off). Fails (exit 1) on a compile
-error, a spill, more than half of the SM's 227 KiB of shared memory (two programs per SM), no MMA in
-flight, or an fp32 fma. Gluon kernels cannot run under TRITON_INTERPRET; this script must run without it.
+PTX has, and whether any fp32 fma appears (FP contraction must stay off); ``--configs`` adds knob sets
+(warps, ring depths, issue order). Fails (exit 1) on a compile error, a spill, more than the SM's 227 KiB
+of shared memory, the FA3 order without an MMA in flight, or an fp32 fma. Gluon kernels cannot run under TRITON_INTERPRET; this script must run without it.
 
-Usage: ``python benchmarks/compile_gluon_sm90.py [--impl kernels/tik_v4] [--json OUT.json]``.
+Usage: ``python benchmarks/compile_gluon_sm90.py [--impl kernels/tik_v4] [--json OUT.json] [--configs 'warps=8,k_stages=3;order=1']``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-SMEM_PER_PROGRAM = 227 * 1024 // 2
+SMEM_LIMIT = 227 * 1024
 
 
 def _load(impl: str):
@@ -35,7 +35,7 @@ def _load(impl: str):
     return mod
 
 
-def compile_variant(g, d: int, dtype, lse: bool) -> dict:
+def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None) -> dict:
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -43,16 +43,21 @@ def compile_variant(g, d: int, dtype, lse: bool) -> dict:
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
+    cfg = cfg or g.config()
+    bm = g.block_m(cfg)
     gdt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
     lay = gl.NVMMASharedLayout.get_default_for([64, d], gdt)
     desc = mangle_type(g.TensorDescriptor(torch.zeros(64, d, dtype=dtype), [64, d], [d, 1], [64, d], lay))
+    qdesc = mangle_type(g.TensorDescriptor(torch.zeros(bm, d, dtype=dtype), [bm, d], [d, 1], [bm, d],
+                                           gl.NVMMASharedLayout.get_default_for([bm, d], gdt)))
     ptr = "*bf16" if dtype == torch.bfloat16 else "*fp16"
-    sig = {"q_desc": desc, "k_desc": desc, "v_desc": desc, "O": ptr, "LSE": "*fp32", "cu_q": "*i32",
+    sig = {"q_desc": qdesc, "k_desc": desc, "v_desc": desc, "O": ptr, "LSE": "*fp32", "cu_q": "*i32",
            "stride_ot": "i32", "stride_oh": "i32", "lse_stride_h": "i32", "qk_scale": "fp32"}
-    cx = {"GROUP": 4, "D": d, "BM": g.BLOCK_M, "TILE": 64, "TPS": 8, "STAGES": g.STAGES, "STORE_LSE": lse}
+    cx = {"GROUP": 4, "D": d, "BM": bm, "TILE": 64, "TPS": 8, "KSTAGES": cfg["k_stages"],
+          "VSTAGES": cfg["v_stages"], "ORDER": cfg["order"], "STORE_LSE": lse}
     sig.update({k: "constexpr" for k in cx})
     c = triton.compile(GluonASTSource(g._attn_fwd_gluon, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4, "enable_fp_fusion": False})
+                       options={"num_warps": cfg["warps"], "enable_fp_fusion": False})
     ptx = c.asm["ptx"]
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
@@ -63,7 +68,7 @@ def compile_variant(g, d: int, dtype, lse: bool) -> dict:
         os.unlink(f.name)
     if r.returncode:
         raise RuntimeError(f"ptxas failed: {r.stderr[-600:]}")
-    return {"d": d, "dtype": str(dtype).split(".")[-1], "lse": lse,
+    return {"d": d, "dtype": str(dtype).split(".")[-1], "lse": lse, "config": cfg,
             "regs": max(int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)),
             "spill_bytes": max([int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)] or [0]),
             "smem": int(c.metadata.shared), "tma": "cp.async.bulk.tensor" in ptx, "wgmma": "wgmma.mma_async" in ptx,
@@ -75,12 +80,12 @@ def failures(r: dict) -> list[str]:
     out = []
     if r["spill_bytes"]:
         out.append(f"spills {r['spill_bytes']} B")
-    if r["smem"] > SMEM_PER_PROGRAM:
-        out.append(f"shared memory {r['smem']} B > {SMEM_PER_PROGRAM}")
+    if r["smem"] > SMEM_LIMIT:
+        out.append(f"shared memory {r['smem']} B > {SMEM_LIMIT}")
     if not (r["tma"] and r["wgmma"]):
         out.append("not TMA + wgmma")
-    if not r["wgmma_wait_1"]:
-        out.append("no wgmma left in flight")
+    if r["config"]["order"] == 1 and not r["wgmma_wait_1"]:
+        out.append("FA3 order without a wgmma left in flight")
     if r["fma_f32"]:
         out.append(f"{r['fma_f32']} fp32 fma (FP contraction must be off)")
     return out
@@ -90,23 +95,31 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/compile_gluon_sm90.py")
     ap.add_argument("--impl", default="kernels/tik_v4")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--configs", default="", help="';'-separated knob sets beyond the defaults, each "
+                    "'knob=value,...' (attention_gluon.KNOBS), compiled at D 128 bf16 with the LSE")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         ap.error("TRITON_INTERPRET is set: Gluon kernels only compile for the GPU; unset it")
     import torch
 
     g = _load(args.impl)
+    try:
+        sweep = [g.config(**dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in c.split(",")))
+                 for c in args.configs.split(";") if c] if args.configs else []
+    except (ValueError, IndexError) as e:
+        ap.error(f"--configs: {e} (expected 'warps=8,k_stages=3;order=1', knobs {sorted(g.KNOBS)})")
+    cases = [(d, dt, lse, None) for d in g.HEAD_DIMS for dt in g.DTYPES for lse in (False, True)]
+    cases += [(128, torch.bfloat16, True, c) for c in sweep]
     res, bad = [], 0
-    for d in g.HEAD_DIMS:
-        for dt in g.DTYPES:
-            for lse in (False, True):
-                r = compile_variant(g, d, dt, lse)
-                f = failures(r)
-                bad += bool(f)
-                res.append(r)
-                print(f"{'FAIL' if f else 'ok  '} D {d:3d} {r['dtype']:8s} lse {lse!s:5s} regs {r['regs']} spill "
-                      f"{r['spill_bytes']} smem {r['smem']} wait1 {r['wgmma_wait_1']} ex2 {r['ex2']}"
-                      + (f"  ({'; '.join(f)})" if f else ""))
+    for d, dt, lse, cfg in cases:
+        r = compile_variant(g, d, dt, lse, cfg)
+        f = failures(r)
+        bad += bool(f)
+        res.append(r)
+        c = r["config"]
+        print(f"{'FAIL' if f else 'ok  '} D {d:3d} {r['dtype']:8s} lse {lse!s:5s} w{c['warps']} k{c['k_stages']} "
+              f"v{c['v_stages']} o{c['order']} regs {r['regs']} spill {r['spill_bytes']} smem {r['smem']} "
+              f"wait1 {r['wgmma_wait_1']} ex2 {r['ex2']}" + (f"  ({'; '.join(f)})" if f else ""))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"impl": args.impl, "torch": torch.__version__, "variants": res}, fh, indent=1)

@@ -6,6 +6,8 @@
 #   3. Nsight Compute of the selected prefill (attention_varlen) against cuDNN SDPA on the same shapes:
 #      details page and per-SASS-line stall samples of our kernel.
 #   bash benchmarks/gpu_prefill_probes.sh [CASES]     (CASES: ncu_probe.py --cases, prefill:B:L,...)
+#   STEPS="wgmma gluon ncu" (default: all three); GLUON_CONFIGS: gluon_prefill_probe.py --configs.
+#   Everything is also packed into $OUT/prefill_probes.tgz (the device returns a limited number of files).
 set -uo pipefail  # each step reports its own failure; a hung kernel is cut by its timeout
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the output folder}
@@ -15,19 +17,25 @@ export TIK_IMPLEMENTATION=$IMPL
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.sm --format=csv >"$OUT/gpu.txt" 2>&1 || true
 
-echo "== wgmma overlap probe (2 and 3 stages)"
+STEPS=" ${STEPS:-wgmma gluon ncu} "
+[[ $STEPS == *" wgmma "* ]] && echo "== wgmma overlap probe (2 and 3 stages)"
 for st in 2 3; do
+  [[ $STEPS == *" wgmma "* ]] || break
   timeout 180 python3 benchmarks/probes/wgmma_overlap_probe.py --stages "$st" --json "$OUT/wgmma_overlap_probe-s$st.json" \
     >"$OUT/wgmma_overlap_probe-s$st.log" 2>&1 || echo "wgmma probe (stages $st) failed: $(tail -3 "$OUT/wgmma_overlap_probe-s$st.log")"
 done
 
-echo "== gluon prefill probe (tik_v4 vs tik_v2 bits and time, cuDNN beside)"
-timeout 240 python3 benchmarks/probes/gluon_prefill_probe.py --json "$OUT/gluon_prefill_probe.json" >"$OUT/gluon_prefill_probe.log" 2>&1 \
-  || echo "gluon prefill probe failed: $(tail -5 "$OUT/gluon_prefill_probe.log")"
+if [[ $STEPS == *" gluon "* ]]; then
+  echo "== gluon prefill probe (tik_v4 vs tik_v2 bits and time, cuDNN beside; configs: ${GLUON_CONFIGS:-defaults})"
+  timeout 400 python3 benchmarks/probes/gluon_prefill_probe.py --configs "${GLUON_CONFIGS:-}" --json "$OUT/gluon_prefill_probe.json" \
+    >"$OUT/gluon_prefill_probe.log" 2>&1 || echo "gluon prefill probe failed: $(tail -5 "$OUT/gluon_prefill_probe.log")"
+fi
 
-echo "== ncu prefill ($CASES, $IMPL)"
 name=ncu_prefill-$IMPL
-if command -v ncu >/dev/null; then
+if [[ $STEPS != *" ncu "* ]]; then
+  :
+elif command -v ncu >/dev/null; then
+  echo "== ncu prefill ($CASES, $IMPL)"
   ncu --clock-control none --profile-from-start off --set full --import-source yes -o "$OUT/$name" \
     python3 benchmarks/probes/ncu_probe.py --cases "$CASES" >"$OUT/$name.run.log" 2>&1 || echo "ncu failed: $(tail -3 "$OUT/$name.run.log")"
   if [ -f "$OUT/$name.ncu-rep" ]; then
@@ -40,6 +48,7 @@ else
   echo "ncu not found" | tee "$OUT/$name.run.log"
 fi
 
+(cd "$OUT" && tar czf prefill_probes.tgz --exclude prefill_probes.tgz ./*)
 echo "== summary"
 python3 - "$OUT" "$name" <<'EOF'
 import glob, json, os, re, sys
@@ -56,7 +65,7 @@ for f in sorted(glob.glob(os.path.join(out, "wgmma_overlap_probe-s*.json"))):
 g = os.path.join(out, "gluon_prefill_probe.log")
 if os.path.exists(g):
     lines = open(g).read().splitlines()
-    i = next((j for j, l in enumerate(lines) if l.startswith("case ")), None)
+    i = next((j for j, l in enumerate(lines) if l.startswith("bits vs tik_v2")), None)
     print("\n".join(lines[i:] if i is not None else lines[-8:]))
 t = os.path.join(out, name + ".txt")
 if os.path.exists(t):

@@ -33,7 +33,25 @@ def _mods():
     return v4.module("attention"), v4.module("attention_gluon"), v2.module("attention")
 
 
-def bit_cases(torch):
+def parse_configs(text: str, g) -> list[dict]:
+    """``'warps=8,k_stages=3;order=1'`` -> knob dicts checked by attention_gluon.config; '' -> [defaults]."""
+    out = []
+    for c in [c for c in text.split(";") if c]:
+        try:
+            kv = dict((x.split("=")[0], int(x.split("=")[1])) for x in c.split(","))
+        except (ValueError, IndexError):
+            raise ValueError(f"--configs: {c!r} is not knob=value,... (knobs {sorted(g.KNOBS)})")
+        g.config(**kv)
+        out.append(kv)
+    return out or [{}]
+
+
+def _name(kv: dict, g) -> str:
+    c = g.config(**kv)
+    return f"w{c['warps']}k{c['k_stages']}v{c['v_stages']}o{c['order']}"
+
+
+def bit_cases(torch, configs):
     a4, g4, a2 = _mods()
     out = []
     for hq, hkv, d, dt, fused in ((32, 8, 128, torch.bfloat16, False), (8, 2, 64, torch.bfloat16, False),
@@ -55,17 +73,18 @@ def bit_cases(torch):
             v = torch.randn(T, hkv, d, device="cuda", dtype=dt)
         scale = d ** -0.5
         mx = max(BIT_LENS)
-        o4, l4 = a4.prefill(q, k, v, cu, mx, scale, return_lse=True)
         o2, l2 = a2.prefill(q, k, v, cu, mx, scale, return_lse=True)
-        o4n = a4.prefill(q, k, v, cu, mx, scale)
-        torch.cuda.synchronize()
-        out.append({"hq": hq, "hkv": hkv, "d": d, "dtype": str(dt).split(".")[-1], "fused_qkv": fused,
-                    "gluon_path": bool(g4.applies(q, k, v, g4.BLOCK_M, 64, 512)),
-                    "out_bits_equal": bool(torch.equal(o4.view(torch.int16), o2.view(torch.int16))),
-                    "lse_bits_equal": bool(torch.equal(l4.view(torch.int32), l2.view(torch.int32))),
-                    "out_no_lse_bits_equal": bool(torch.equal(o4n.view(torch.int16), o2.view(torch.int16))),
-                    "rows_differing": int((o4.view(torch.int16) != o2.view(torch.int16)).any(-1).any(-1).sum()),
-                    "max_abs_diff": float((o4.float() - o2.float()).abs().max())})
+        for kv in configs:
+            o4, l4 = a4.prefill(q, k, v, cu, mx, scale, return_lse=True, gluon_cfg=kv)
+            o4n = a4.prefill(q, k, v, cu, mx, scale, gluon_cfg=kv)
+            torch.cuda.synchronize()
+            out.append({"config": _name(kv, g4), "hq": hq, "hkv": hkv, "d": d, "dtype": str(dt).split(".")[-1],
+                        "fused_qkv": fused, "gluon_path": bool(g4.applies(q, k, v, 64, 512)),
+                        "out_bits_equal": bool(torch.equal(o4.view(torch.int16), o2.view(torch.int16))),
+                        "lse_bits_equal": bool(torch.equal(l4.view(torch.int32), l2.view(torch.int32))),
+                        "out_no_lse_bits_equal": bool(torch.equal(o4n.view(torch.int16), o2.view(torch.int16))),
+                        "rows_differing": int((o4.view(torch.int16) != o2.view(torch.int16)).any(-1).any(-1).sum()),
+                        "max_abs_diff": float((o4.float() - o2.float()).abs().max())})
     return out
 
 
@@ -84,10 +103,10 @@ def _time(torch, fn, iters):
     return ts[len(ts) // 2]
 
 
-def time_cells(torch, F, iters):
+def time_cells(torch, F, iters, configs):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    a4, _, a2 = _mods()
+    a4, g4, a2 = _mods()
     hq, hkv, d = 32, 8, 128
     res = []
     for B, n in CELLS:
@@ -103,16 +122,19 @@ def time_cells(torch, F, iters):
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 return F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
 
-        t4 = _time(torch, lambda: a4.prefill(q, k, v, cu, n, scale), iters)
         t2 = _time(torch, lambda: a2.prefill(q, k, v, cu, n, scale), iters)
         tc = _time(torch, cudnn, iters)
         flops = 4 * B * hq * d * n * n / 2
-        same = torch.equal(a4.prefill(q, k, v, cu, n, scale).view(torch.int16),
-                           a2.prefill(q, k, v, cu, n, scale).view(torch.int16))
-        res.append({"cell": f"prefill_b{B}_L{n}", "tik_v4_us": round(t4, 2), "tik_v2_us": round(t2, 2),
-                    "cudnn_us": round(tc, 2), "v4_over_v2": round(t2 / t4, 3), "v4_vs_cudnn": round(tc / t4, 3),
-                    "v2_vs_cudnn": round(tc / t2, 3), "v4_tflops": round(flops / t4 / 1e6, 1),
-                    "cudnn_tflops": round(flops / tc / 1e6, 1), "bits_equal": bool(same)})
+        ref = a2.prefill(q, k, v, cu, n, scale).view(torch.int16)
+        row = {"cell": f"prefill_b{B}_L{n}", "tik_v2_us": round(t2, 2), "cudnn_us": round(tc, 2),
+               "v2_vs_cudnn": round(tc / t2, 3), "cudnn_tflops": round(flops / tc / 1e6, 1), "tik_v4": {}}
+        for kv in configs:
+            t4 = _time(torch, lambda: a4.prefill(q, k, v, cu, n, scale, gluon_cfg=kv), iters)
+            same = torch.equal(a4.prefill(q, k, v, cu, n, scale, gluon_cfg=kv).view(torch.int16), ref)
+            row["tik_v4"][_name(kv, g4)] = {"us": round(t4, 2), "over_v2": round(t2 / t4, 3),
+                                            "vs_cudnn": round(tc / t4, 3), "tflops": round(flops / t4 / 1e6, 1),
+                                            "bits_equal": bool(same)}
+        res.append(row)
         del q, k, v, q4, k4, v4
     return res
 
@@ -121,9 +143,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/probes/gluon_prefill_probe.py")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--configs", default="", help="';'-separated attention_gluon knob sets, each "
+                    "'knob=value,...' (default: the defaults only)")
     args = ap.parse_args(argv)
     if args.iters < 1:
         ap.error(f"--iters: expected >= 1, got {args.iters}")
+    sys.path.insert(0, ROOT)
+    try:
+        configs = parse_configs(args.configs, _mods()[1])
+    except ValueError as e:
+        ap.error(str(e))
     import torch
     import torch.nn.functional as F
 
@@ -134,24 +163,33 @@ def main(argv=None) -> int:
     import triton
 
     res["triton"] = triton.__version__
-    res["bits"] = bit_cases(torch)
-    res["cells"] = time_cells(torch, F, args.iters)
+    res["configs"] = [_name(kv, _mods()[1]) for kv in configs]
+    res["bits"] = bit_cases(torch, configs)
+    res["cells"] = time_cells(torch, F, args.iters, configs)
     text = json.dumps(res, indent=1)
     if args.json:
         with open(args.json, "w") as f:
             f.write(text + "\n")
     print(text)
-    print(f"{'case':28s} gluon bits(out,lse,out-no-lse)")
+    print("bits vs tik_v2 (out, lse, out without lse), rows differing:")
     for c in res["bits"]:
-        print(f"  {c['hq']}/{c['hkv']} D{c['d']} {c['dtype']} fused={c['fused_qkv']!s:5s} {c['gluon_path']!s:5s} "
+        print(f"  {c['config']} {c['hq']}/{c['hkv']} D{c['d']} {c['dtype']} fused={c['fused_qkv']!s:5s} gluon={c['gluon_path']!s:5s} "
               f"{c['out_bits_equal']},{c['lse_bits_equal']},{c['out_no_lse_bits_equal']} rows {c['rows_differing']}")
-    print(f"{'cell':20s} {'v4 us':>9s} {'v2 us':>9s} {'cudnn':>9s} {'v4/v2':>6s} {'v4/cud':>6s} {'v2/cud':>6s} bits")
-    g = 1.0
+    names = res["configs"]
+    print(f"{'cell':18s} {'v2 us':>8s} {'cudnn':>8s} {'v2/cud':>6s} " + " ".join(f"{n:>11s}" for n in names)
+          + "   (tik_v4 config: cuDNN us / its us, * = bits differ)")
+    geo = {n: 1.0 for n in names}
+    g2 = 1.0
     for c in res["cells"]:
-        g *= c["v4_vs_cudnn"]
-        print(f"{c['cell']:20s} {c['tik_v4_us']:9.1f} {c['tik_v2_us']:9.1f} {c['cudnn_us']:9.1f} {c['v4_over_v2']:6.3f} "
-              f"{c['v4_vs_cudnn']:6.3f} {c['v2_vs_cudnn']:6.3f} {c['bits_equal']}")
-    print(f"geomean tik_v4 / cuDNN: {g ** (1 / len(res['cells'])):.3f}")
+        g2 *= c["v2_vs_cudnn"]
+        cells = []
+        for n in names:
+            r = c["tik_v4"][n]
+            geo[n] *= r["vs_cudnn"]
+            cells.append(f"{r['vs_cudnn']:10.3f}{'' if r['bits_equal'] else '*'}")
+        print(f"{c['cell']:18s} {c['tik_v2_us']:8.1f} {c['cudnn_us']:8.1f} {c['v2_vs_cudnn']:6.3f} " + " ".join(cells))
+    k = len(res["cells"])
+    print(f"{'geomean vs cuDNN':18s} {'':8s} {'':8s} {g2 ** (1 / k):6.3f} " + " ".join(f"{geo[n] ** (1 / k):11.3f}" for n in names))
     return 0
 
 

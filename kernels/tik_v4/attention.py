@@ -562,8 +562,9 @@ def _fwd(q, k, v, o, lse, ws, cu_q, pos0, kv_base, table, tstride, rows, max_q, 
     if layout == 0 and cfg["gluon"] and not cfg["scratch"] and kv_base is cu_q:
         from . import attention_gluon as G
 
-        if G.applies(q, k, v, bm, cfg["tile"], cfg["split"]):
-            G.prefill(q, k, v, o, lse, cu_q, max_q, scale * LOG2E, store_lse, cfg["tile"], cfg["split"])
+        if G.applies(q, k, v, cfg["tile"], cfg["split"]):
+            G.prefill(q, k, v, o, lse, cu_q, max_q, scale * LOG2E, store_lse, cfg["tile"], cfg["split"],
+                      G.config(**cfg.get("gluon_cfg", {})))
             return
     grid = (_cdiv(max(int(max_q), 1), bm), B, Hq)
     desc = layout == 0 and _tma_ok(k) and _tma_ok(v)

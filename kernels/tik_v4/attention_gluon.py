@@ -34,8 +34,13 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
-BLOCK_M = 64   # one warpgroup of 4 warps
-STAGES = 2     # K / V ring depth (2 x 2 x 16 KiB at D 128: two programs per SM)
+# Free knobs (no bit depends on them): warps (4: one 64-row warpgroup per program; 8: two, sharing
+# each K / V tile), K / V ring depths, issue order (0: Triton's, every MMA waited for at once; 1: FA3's).
+WARPS = 4
+K_STAGES = 2
+V_STAGES = 2
+ORDER = 0
+KNOBS = {"warps": (4, 8), "k_stages": (1, 2, 3, 4), "v_stages": (1, 2, 3, 4), "order": (0, 1)}
 
 
 @gluon.jit
@@ -51,13 +56,47 @@ def _g_scores_to_p(m_i, s, qk_scale, mask, MASK: gl.constexpr):
 
 
 @gluon.jit
+def _g_tile_p(m_i, s, t, full_end, hi, q_abs, offs_n, qk_scale, TILE: gl.constexpr):
+    """P, alpha of tile t from its raw scores: tiles at or past ``full_end`` are masked (causal + end)."""
+    start_n = t * TILE
+    if start_n >= full_end:
+        k_pos = start_n + offs_n
+        mask = (gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_abs, 1)) & gl.expand_dims(k_pos < hi, 0)
+        m_new, p, alpha = _g_scores_to_p(m_i, s, qk_scale, mask, True)
+    else:
+        m_new, p, alpha = _g_scores_to_p(m_i, s, qk_scale, s, False)
+    return m_new, p, alpha
+
+
+@gluon.jit
+def _g_merge(M, L, ACC, m_i, l_i, acc, row_o: gl.constexpr):
+    mo = gl.convert_layout(m_i, row_o)
+    lo = gl.convert_layout(l_i, row_o)
+    M_new = gl.maximum(M, mo)
+    M_safe = gl.where(M_new == float("-inf"), 0.0, M_new)
+    a = gl.exp2(M - M_safe)
+    b = gl.exp2(mo - M_safe)
+    L = L * a + lo * b
+    ACC = ACC * gl.expand_dims(a, 1) + acc * gl.expand_dims(b, 1)
+    return M_new, L, ACC
+
+
+@gluon.jit
+def _g_load(desc, row, col, bar, dst, pred=True):
+    mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(desc, [row, col], bar, dst, pred=pred)
+
+
+@gluon.jit
 def _attn_fwd_gluon(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, lse_stride_h, qk_scale,
                     GROUP: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr,
-                    STAGES: gl.constexpr, STORE_LSE: gl.constexpr):
-    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE, 16])
-    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
-    blk: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
+                    KSTAGES: gl.constexpr, VSTAGES: gl.constexpr, ORDER: gl.constexpr, STORE_LSE: gl.constexpr):
+    # BM = 64 rows per warpgroup x (num_warps / 4) warpgroups; the warpgroups share each K / V tile
+    NW: gl.constexpr = gl.num_warps()
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, TILE, 16])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16])
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, 16, 16])
+    blk: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, NW], [1, 0])
     ones_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16)
     row_s: gl.constexpr = gl.SliceLayout(1, mma_s)
     col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
@@ -78,27 +117,26 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, 
         n = gl.cdiv(hi, TILE)
 
         q_s = gl.allocate_shared_memory(dt, [BM, D], q_desc.layout)
-        k_s = gl.allocate_shared_memory(dt, [STAGES, TILE, D], k_desc.layout)
-        v_s = gl.allocate_shared_memory(dt, [STAGES, TILE, D], v_desc.layout)
+        k_s = gl.allocate_shared_memory(dt, [KSTAGES, TILE, D], k_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [VSTAGES, TILE, D], v_desc.layout)
         ones_s = gl.allocate_shared_memory(dt, [TILE, 16], ones_l, gl.full([TILE, 16], 1.0, dt, layout=blk))
         bar_q = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        bar_k = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bar_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        bar_k = gl.allocate_shared_memory(gl.int64, [KSTAGES, 1], mbarrier.MBarrierLayout())
+        bar_v = gl.allocate_shared_memory(gl.int64, [VSTAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(bar_q.index(0), count=1)
-        for i in gl.static_range(STAGES):
+        for i in gl.static_range(KSTAGES):
             mbarrier.init(bar_k.index(i), count=1)
+        for i in gl.static_range(VSTAGES):
             mbarrier.init(bar_v.index(i), count=1)
         fence_async_shared()
 
         kv_row = q_start          # prefill: the sequence's keys start where its queries do
         kv_col = h_kv * D
-        mbarrier.expect(bar_q.index(0), BM * D * 2)
-        tma.async_copy_global_to_shared(q_desc, [q_start + start_m, h * D], bar_q.index(0), q_s)
-        for i in gl.static_range(STAGES):
-            mbarrier.expect(bar_k.index(i), TILE * D * 2, pred=i < n)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + i * TILE, kv_col], bar_k.index(i), k_s.index(i), pred=i < n)
-            mbarrier.expect(bar_v.index(i), TILE * D * 2, pred=i < n)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + i * TILE, kv_col], bar_v.index(i), v_s.index(i), pred=i < n)
+        _g_load(q_desc, q_start + start_m, h * D, bar_q.index(0), q_s)
+        for i in gl.static_range(KSTAGES):
+            _g_load(k_desc, kv_row + i * TILE, kv_col, bar_k.index(i), k_s.index(i), pred=i < n)
+        for i in gl.static_range(VSTAGES):
+            _g_load(v_desc, kv_row + i * TILE, kv_col, bar_v.index(i), v_s.index(i), pred=i < n)
         mbarrier.wait(bar_q.index(0), 0)
 
         zs = gl.zeros([BM, TILE], gl.float32, mma_s)
@@ -108,64 +146,75 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, 
         ACC = gl.zeros([BM, D], gl.float32, mma_o)
         m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([BM], gl.float32, row_l)
-        acc_t = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, mma_o))
         q_abs = start_m + gl.arange(0, BM, layout=row_s)
         offs_n = gl.arange(0, TILE, layout=col_s)
+        pl_l: gl.constexpr = gl.DotOperandLayout(0, mma_l, 2)
+        pl_o: gl.constexpr = gl.DotOperandLayout(0, mma_o, 2)
 
         mbarrier.wait(bar_k.index(0), 0)
         s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zs, use_acc=False)
-        for t in range(0, n):
-            st = t % STAGES
-            ph = (t // STAGES) & 1
-            if t + STAGES < n:
-                mbarrier.expect(bar_k.index(st), TILE * D * 2)
-                tma.async_copy_global_to_shared(k_desc, [kv_row + (t + STAGES) * TILE, kv_col], bar_k.index(st),
-                                                k_s.index(st))
-            t1 = gl.minimum(t + 1, n - 1)
-            mbarrier.wait(bar_k.index(t1 % STAGES), (t1 // STAGES) & 1)
-            s_next = warpgroup_mma(q_s, k_s.index(t1 % STAGES).permute((1, 0)), zs, use_acc=False, is_async=True)
-            start_n = t * TILE
-            if start_n >= full_end:
-                k_pos = start_n + offs_n
-                mask = (gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_abs, 1)) & gl.expand_dims(k_pos < hi, 0)
-                m_new, p, alpha = _g_scores_to_p(m_i, s, qk_scale, mask, True)
-            else:
-                m_new, p, alpha = _g_scores_to_p(m_i, s, qk_scale, s, False)
-            pb = p.to(dt)
-            acc = warpgroup_mma_wait(1, deps=[acc_t])
-            if t > 0:
-                tp = t - 1
-                if tp + STAGES < n:
-                    mbarrier.expect(bar_v.index(tp % STAGES), TILE * D * 2)
-                    tma.async_copy_global_to_shared(v_desc, [kv_row + (tp + STAGES) * TILE, kv_col],
-                                                    bar_v.index(tp % STAGES), v_s.index(tp % STAGES))
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            r = warpgroup_mma(gl.convert_layout(pb, gl.DotOperandLayout(0, mma_l, 2)), ones_s, zl, use_acc=False,
-                              is_async=True)
-            mbarrier.wait(bar_v.index(st), ph)
-            acc_t = warpgroup_mma(gl.convert_layout(pb, gl.DotOperandLayout(0, mma_o, 2)), v_s.index(st), acc,
-                                  is_async=True)
-            s, r = warpgroup_mma_wait(1, deps=[s_next, r])
-            l_i = l_i * gl.convert_layout(alpha, row_l) + gl.max(r, 1)
-            m_i = m_new
-            if ((t + 1) % TPS == 0) | (t + 1 == n):
-                acc = warpgroup_mma_wait(0, deps=[acc_t])
-                mo = gl.convert_layout(m_i, row_o)
-                lo = gl.convert_layout(l_i, row_o)
-                M_new = gl.maximum(M, mo)
-                M_safe = gl.where(M_new == float("-inf"), 0.0, M_new)
-                a = gl.exp2(M - M_safe)
-                bb = gl.exp2(mo - M_safe)
-                L = L * a + lo * bb
-                ACC = ACC * gl.expand_dims(a, 1) + acc * gl.expand_dims(bb, 1)
-                M = M_new
-                m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
-                l_i = gl.zeros([BM], gl.float32, row_l)
-                acc_t = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, mma_o))
+        if ORDER == 0:
+            # Triton's order: every MMA waited for at once
+            acc = gl.zeros([BM, D], gl.float32, mma_o)
+            for t in range(0, n):
+                m_new, p, alpha = _g_tile_p(m_i, s, t, full_end, hi, q_abs, offs_n, qk_scale, TILE)
+                pb = p.to(dt)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                r = warpgroup_mma(gl.convert_layout(pb, pl_l), ones_s, zl, use_acc=False, is_async=True)
+                mbarrier.wait(bar_v.index(t % VSTAGES), (t // VSTAGES) & 1)
+                acc = warpgroup_mma(gl.convert_layout(pb, pl_o), v_s.index(t % VSTAGES), acc, is_async=True)
+                r, acc = warpgroup_mma_wait(0, deps=[r, acc])
+                # K(t) and V(t) are read: their stages take the tiles KSTAGES / VSTAGES ahead
+                _g_load(k_desc, kv_row + (t + KSTAGES) * TILE, kv_col, bar_k.index(t % KSTAGES),
+                        k_s.index(t % KSTAGES), pred=t + KSTAGES < n)
+                _g_load(v_desc, kv_row + (t + VSTAGES) * TILE, kv_col, bar_v.index(t % VSTAGES),
+                        v_s.index(t % VSTAGES), pred=t + VSTAGES < n)
+                l_i = l_i * gl.convert_layout(alpha, row_l) + gl.max(r, 1)
+                m_i = m_new
+                t1 = gl.minimum(t + 1, n - 1)   # the last tile computes a score tile it does not use
+                mbarrier.wait(bar_k.index(t1 % KSTAGES), (t1 // KSTAGES) & 1)
+                s = warpgroup_mma(q_s, k_s.index(t1 % KSTAGES).permute((1, 0)), zs, use_acc=False)
+                if ((t + 1) % TPS == 0) | (t + 1 == n):
+                    M, L, ACC = _g_merge(M, L, ACC, m_i, l_i, acc, row_o)
+                    m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
+                    l_i = gl.zeros([BM], gl.float32, row_l)
+                    acc = gl.zeros([BM, D], gl.float32, mma_o)
+        else:
+            # FA3's order: S(t+1) under the softmax of t, P(t) V(t) under the softmax of t + 1. wgmma
+            # groups complete in issue order: [P(t-1) V(t-1), S(t+1)] before the rescale and
+            # [S(t+1), rowsum(t), P(t) V(t)] after the issue, so wait(1) retires all but the newest.
+            acc_t = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, mma_o))
+            for t in range(0, n):
+                _g_load(k_desc, kv_row + (t + KSTAGES) * TILE, kv_col, bar_k.index(t % KSTAGES),
+                        k_s.index(t % KSTAGES), pred=t + KSTAGES < n)
+                t1 = gl.minimum(t + 1, n - 1)
+                mbarrier.wait(bar_k.index(t1 % KSTAGES), (t1 // KSTAGES) & 1)
+                s_next = warpgroup_mma(q_s, k_s.index(t1 % KSTAGES).permute((1, 0)), zs, use_acc=False,
+                                       is_async=True)
+                m_new, p, alpha = _g_tile_p(m_i, s, t, full_end, hi, q_abs, offs_n, qk_scale, TILE)
+                pb = p.to(dt)
+                acc = warpgroup_mma_wait(1, deps=[acc_t])
+                tp = gl.maximum(t - 1, 0)     # V(t-1) was read by P(t-1) V(t-1), now complete
+                _g_load(v_desc, kv_row + (tp + VSTAGES) * TILE, kv_col, bar_v.index(tp % VSTAGES),
+                        v_s.index(tp % VSTAGES), pred=(t > 0) & (tp + VSTAGES < n))
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                r = warpgroup_mma(gl.convert_layout(pb, pl_l), ones_s, zl, use_acc=False, is_async=True)
+                mbarrier.wait(bar_v.index(t % VSTAGES), (t // VSTAGES) & 1)
+                acc_t = warpgroup_mma(gl.convert_layout(pb, pl_o), v_s.index(t % VSTAGES), acc, is_async=True)
+                s, r = warpgroup_mma_wait(1, deps=[s_next, r])
+                l_i = l_i * gl.convert_layout(alpha, row_l) + gl.max(r, 1)
+                m_i = m_new
+                if ((t + 1) % TPS == 0) | (t + 1 == n):
+                    acc = warpgroup_mma_wait(0, deps=[acc_t])
+                    M, L, ACC = _g_merge(M, L, ACC, m_i, l_i, acc, row_o)
+                    m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
+                    l_i = gl.zeros([BM], gl.float32, row_l)
+                    acc_t = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, mma_o))
 
         mbarrier.invalidate(bar_q.index(0))
-        for i in gl.static_range(STAGES):
+        for i in gl.static_range(KSTAGES):
             mbarrier.invalidate(bar_k.index(i))
+        for i in gl.static_range(VSTAGES):
             mbarrier.invalidate(bar_v.index(i))
         offs_m = start_m + gl.arange(0, BM, layout=row_o)
         offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, mma_o))
@@ -185,27 +234,48 @@ def _desc_ok(x: torch.Tensor) -> bool:
             and x.data_ptr() % 16 == 0 and (x.stride(0) * es) % 16 == 0)
 
 
-def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, tile: int, split: int) -> bool:
+def config(**over) -> dict:
+    """The launch knobs, ``over`` (``None`` values ignored) on the defaults; refuses an unknown knob or value."""
+    cfg = {"warps": WARPS, "k_stages": K_STAGES, "v_stages": V_STAGES, "order": ORDER}
+    for k, v in over.items():
+        if v is None:
+            continue
+        if k not in KNOBS:
+            raise ValueError(f"attention_gluon: unknown knob {k!r}; expected one of {sorted(KNOBS)}")
+        if v not in KNOBS[k]:
+            raise ValueError(f"attention_gluon: {k}={v!r}; expected one of {KNOBS[k]}")
+        cfg[k] = v
+    return cfg
+
+
+def block_m(cfg: dict) -> int:
+    return 64 * (cfg["warps"] // 4)
+
+
+def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int, split: int) -> bool:
     """Whether ``prefill`` runs these tensors: an sm_90 device, bf16 / fp16, D 64 or 128, the
-    contract's 64-key tile, 64-row blocks, TMA-readable q / k / v. Otherwise attention.py's kernel runs
-    (the same bits: both compute the contract's instructions)."""
+    contract's 64-key tile, TMA-readable q / k / v. Otherwise attention.py's kernel runs (the same bits:
+    both compute the contract's instructions)."""
     return (q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0) and q.dtype in DTYPES
             and k.dtype == q.dtype and v.dtype == q.dtype and q.shape[2] in HEAD_DIMS and tile == 64
-            and split % tile == 0 and block_m == BLOCK_M and all(_desc_ok(x) for x in (q, k, v)))
+            and split % tile == 0 and all(_desc_ok(x) for x in (q, k, v)))
 
 
-def prefill(q, k, v, o, lse, cu_q, max_q, qk_scale, store_lse, tile, split):
+def prefill(q, k, v, o, lse, cu_q, max_q, qk_scale, store_lse, tile, split, cfg=None):
     """Packed causal prefill (queries and keys of sequence b at rows cu_q[b]..cu_q[b+1]) into ``o`` (and
     ``lse`` [Hq, T] when ``store_lse``); ``qk_scale`` is softmax_scale * log2(e) in fp32."""
+    cfg = cfg or config()
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     B = cu_q.numel() - 1
+    bm = block_m(cfg)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     lay = gl.NVMMASharedLayout.get_default_for([tile, D], gdt)
-    qd = TensorDescriptor(q, [T, Hq * D], [q.stride(0), 1], [BLOCK_M, D], lay)
+    qd = TensorDescriptor(q, [T, Hq * D], [q.stride(0), 1], [bm, D], gl.NVMMASharedLayout.get_default_for([bm, D], gdt))
     kd = TensorDescriptor(k, [k.shape[0], Hkv * D], [k.stride(0), 1], [tile, D], lay)
     vd = TensorDescriptor(v, [v.shape[0], Hkv * D], [v.stride(0), 1], [tile, D], lay)
-    grid = ((max(int(max_q), 1) + BLOCK_M - 1) // BLOCK_M, B, Hq)
+    grid = ((max(int(max_q), 1) + bm - 1) // bm, B, Hq)
     _attn_fwd_gluon[grid](qd, kd, vd, o, lse, cu_q, o.stride(0), o.stride(1), lse.stride(0) if store_lse else 0,
-                          qk_scale, GROUP=Hq // Hkv, D=D, BM=BLOCK_M, TILE=tile, TPS=split // tile, STAGES=STAGES,
-                          STORE_LSE=store_lse, num_warps=4, enable_fp_fusion=False)
+                          qk_scale, GROUP=Hq // Hkv, D=D, BM=bm, TILE=tile, TPS=split // tile,
+                          KSTAGES=cfg["k_stages"], VSTAGES=cfg["v_stages"], ORDER=cfg["order"],
+                          STORE_LSE=store_lse, num_warps=cfg["warps"], enable_fp_fusion=False)

@@ -1,6 +1,6 @@
 """kernels/tik_v4: tik_v2 with the sm_90 packed prefill in Gluon (attention_gluon.py, explicit async wgmma).
 Gluon has no CPU interpreter, so here: the Gluon kernel compiles for sm_90 with no spills for every head
-dim / dtype / LSE variant ``applies`` admits, with one wgmma left in flight (``wgmma.wait_group 1``);
+dim / dtype / LSE variant ``applies`` admits and for the FA3 issue order and two warpgroups per program;
 on the CPU tik_v4 runs tik_v2's kernel and gives its bits. Its bits on the H200:
 benchmarks/probes/gluon_prefill_probe.py and the contract suite."""
 
@@ -28,12 +28,16 @@ def mods():
 @pytest.mark.skipif(not ptxas_available(), reason="triton's bundled ptxas not found")
 def test_gluon_prefill_compiles_for_sm90(tmp_path):
     out = tmp_path / "g.json"
-    r = run_script("compile_gluon_sm90", "--impl", os.path.join(ROOT, "tik_v4"), "--json", str(out), timeout=600)
+    r = run_script("compile_gluon_sm90", "--impl", os.path.join(ROOT, "tik_v4"), "--json", str(out),
+                   "--configs", "order=1;warps=8,k_stages=3,v_stages=3", timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     v = json.loads(out.read_text())["variants"]
-    assert {(x["d"], x["dtype"], x["lse"]) for x in v} == {(d, t, l) for d in (64, 128) for t in ("bfloat16", "float16")
-                                                           for l in (False, True)}
-    assert all(x["spill_bytes"] == 0 and x["wgmma_wait_1"] >= 1 and x["fma_f32"] == 0 for x in v), v
+    assert {(x["d"], x["dtype"], x["lse"]) for x in v[:8]} == {(d, t, l) for d in (64, 128)
+                                                               for t in ("bfloat16", "float16") for l in (False, True)}
+    assert [(x["config"]["order"], x["config"]["warps"]) for x in v[8:]] == [(1, 4), (0, 8)]
+    assert all(x["spill_bytes"] == 0 and x["fma_f32"] == 0 and x["tma"] and x["wgmma"] for x in v), v
+    # the FA3 order leaves an MMA in flight across the softmax; Triton's order waits for each at once
+    assert v[8]["wgmma_wait_1"] >= 1 and all(x["wgmma_wait_1"] == 0 for x in v[:8])
 
 
 def test_cpu_runs_tik_v2_kernel_with_its_bits(mods):
@@ -45,8 +49,18 @@ def test_cpu_runs_tik_v2_kernel_with_its_bits(mods):
     q = torch.randn(T, 4, 64, dtype=torch.bfloat16)
     k = torch.randn(T, 2, 64, dtype=torch.bfloat16)
     v = torch.randn(T, 2, 64, dtype=torch.bfloat16)
-    assert not g4.applies(q, k, v, g4.BLOCK_M, 64, 512)
+    assert not g4.applies(q, k, v, 64, 512)
     o4, l4 = a4.prefill(q, k, v, cu, max(lens), 0.125, return_lse=True)
     o2, l2 = a2.prefill(q, k, v, cu, max(lens), 0.125, return_lse=True)
     assert torch.equal(o4.view(torch.int16), o2.view(torch.int16))
     assert torch.equal(l4.view(torch.int32), l2.view(torch.int32))
+
+
+def test_gluon_knobs_are_checked(mods):
+    g = mods[1]
+    assert g.config() == {"warps": 4, "k_stages": 2, "v_stages": 2, "order": 0}
+    assert g.block_m(g.config(warps=8)) == 128
+    with pytest.raises(ValueError, match="unknown knob"):
+        g.config(stages=3)
+    with pytest.raises(ValueError, match=r"warps=6; expected one of \(4, 8\)"):
+        g.config(warps=6)
