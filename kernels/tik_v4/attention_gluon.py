@@ -37,7 +37,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 # Free knobs (no bit depends on them): warps (4: one 64-row warpgroup per program; 8: two, sharing
 # each K / V tile), K / V ring depths, issue order (0: Triton's, every MMA waited for at once; 1: FA3's).
 WARPS = 4
-K_STAGES = 2
+K_STAGES = 3   # best of the H200 sweep (evidence/probes/gluon/gluon_prefill_probe-sweep.json)
 V_STAGES = 2
 ORDER = 0
 KNOBS = {"warps": (4, 8), "k_stages": (1, 2, 3, 4), "v_stages": (1, 2, 3, 4), "order": (0, 1)}

@@ -58,7 +58,7 @@ def test_cpu_runs_tik_v2_kernel_with_its_bits(mods):
 
 def test_gluon_knobs_are_checked(mods):
     g = mods[1]
-    assert g.config() == {"warps": 4, "k_stages": 2, "v_stages": 2, "order": 0}
+    assert g.config() == {"warps": 4, "k_stages": 3, "v_stages": 2, "order": 0}
     assert g.block_m(g.config(warps=8)) == 128
     with pytest.raises(ValueError, match="unknown knob"):
         g.config(stages=3)
