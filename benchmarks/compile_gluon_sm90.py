@@ -13,26 +13,29 @@ Usage: ``python benchmarks/compile_gluon_sm90.py [--impl kernels/tik_v4] [--json
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import types
 
 SMEM_LIMIT = 227 * 1024
 
 
 def _load(impl: str):
+    """attention_gluon of the implementation folder as a module of a package over that folder (its
+    relative imports resolve there), without the loader, which would switch on the interpreter here."""
     path = os.path.join(impl, "attention_gluon.py")
     if not os.path.isfile(path):
         raise SystemExit(f"compile_gluon_sm90: {path} not found (expected an implementation folder with "
                          "attention_gluon.py)")
-    spec = importlib.util.spec_from_file_location("_tik_attention_gluon", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    pkg = types.ModuleType("_tik_gluon_sm90")
+    pkg.__path__ = [os.path.abspath(impl)]
+    sys.modules[pkg.__name__] = pkg
+    return importlib.import_module("_tik_gluon_sm90.attention_gluon")
 
 
 def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None) -> dict:
