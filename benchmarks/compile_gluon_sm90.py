@@ -56,11 +56,16 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None) -> dic
     ptr = "*bf16" if dtype == torch.bfloat16 else "*fp16"
     sig = {"q_desc": qdesc, "k_desc": desc, "v_desc": desc, "O": ptr, "LSE": "*fp32", "cu_q": "*i32",
            "stride_ot": "i32", "stride_oh": "i32", "lse_stride_h": "i32", "qk_scale": "fp32"}
-    cx = {"GROUP": 4, "D": d, "BM": bm, "TILE": 64, "TPS": 8, "KSTAGES": cfg["k_stages"],
-          "VSTAGES": cfg["v_stages"], "ORDER": cfg["order"], "STORE_LSE": lse}
+    if cfg["ws"]:
+        fn, warps = g._attn_fwd_gluon_ws, 4
+        cx = {"GROUP": 4, "D": d, "TILE": 64, "TPS": 8, "STAGES": cfg["k_stages"], "STORE_LSE": lse}
+    else:
+        fn, warps = g._attn_fwd_gluon, cfg["warps"]
+        cx = {"GROUP": 4, "D": d, "BM": bm, "TILE": 64, "TPS": 8, "KSTAGES": cfg["k_stages"],
+              "VSTAGES": cfg["v_stages"], "ORDER": cfg["order"], "STORE_LSE": lse}
     sig.update({k: "constexpr" for k in cx})
-    c = triton.compile(GluonASTSource(g._attn_fwd_gluon, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": cfg["warps"], "enable_fp_fusion": False})
+    c = triton.compile(GluonASTSource(fn, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "enable_fp_fusion": False})
     ptx = c.asm["ptx"]
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
@@ -71,7 +76,12 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None) -> dic
         os.unlink(f.name)
     if r.returncode:
         raise RuntimeError(f"ptxas failed: {r.stderr[-600:]}")
-    return {"d": d, "dtype": str(dtype).split(".")[-1], "lse": lse, "config": cfg,
+    setmaxnreg = sorted({int(x) for x in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)})
+    return {"d": d, "dtype": str(dtype).split(".")[-1], "lse": lse, "config": cfg, "warps": int(c.metadata.num_warps),
+            "setmaxnreg_inc": setmaxnreg,
+            "worker_regs": [int(getattr(g.REGS_CONSUMER, "value", g.REGS_CONSUMER)),
+                            int(getattr(g.REGS_PRODUCER, "value", g.REGS_PRODUCER))] if cfg["ws"] else [],
+            "serialized_wgmma": "C7514" in r.stderr,
             "regs": max(int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)),
             "spill_bytes": max([int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)] or [0]),
             "smem": int(c.metadata.shared), "tma": "cp.async.bulk.tensor" in ptx, "wgmma": "wgmma.mma_async" in ptx,
@@ -81,12 +91,19 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None) -> dic
 
 def failures(r: dict) -> list[str]:
     out = []
+    if r["serialized_wgmma"]:
+        out.append("ptxas serialized the wgmma (C7514)")
     if r["spill_bytes"]:
         out.append(f"spills {r['spill_bytes']} B")
     if r["smem"] > SMEM_LIMIT:
         out.append(f"shared memory {r['smem']} B > {SMEM_LIMIT}")
     if not (r["tma"] and r["wgmma"]):
         out.append("not TMA + wgmma")
+    if r["config"]["ws"]:
+        # the warp groups' register counts after setmaxnreg must fit the SM's 64K registers
+        regs = 128 * (max(r["setmaxnreg_inc"]) + sum(r["worker_regs"]))
+        if regs > 65536:
+            out.append(f"setmaxnreg asks {regs} registers per SM")
     if r["config"]["order"] == 1 and not r["wgmma_wait_1"]:
         out.append("FA3 order without a wgmma left in flight")
     if r["fma_f32"]:
@@ -121,7 +138,7 @@ def main(argv=None) -> int:
         res.append(r)
         c = r["config"]
         print(f"{'FAIL' if f else 'ok  '} D {d:3d} {r['dtype']:8s} lse {lse!s:5s} w{c['warps']} k{c['k_stages']} "
-              f"v{c['v_stages']} o{c['order']} regs {r['regs']} spill {r['spill_bytes']} smem {r['smem']} "
+              f"v{c['v_stages']} o{c['order']} ws{c['ws']} regs {r['regs']} spill {r['spill_bytes']} smem {r['smem']} "
               f"wait1 {r['wgmma_wait_1']} ex2 {r['ex2']}" + (f"  ({'; '.join(f)})" if f else ""))
     if args.json:
         with open(args.json, "w") as fh:

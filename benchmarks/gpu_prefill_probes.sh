@@ -27,7 +27,7 @@ done
 
 if [[ $STEPS == *" gluon "* ]]; then
   echo "== gluon prefill probe (tik_v4 vs tik_v2 bits and time, cuDNN beside; configs: ${GLUON_CONFIGS:-defaults})"
-  timeout 400 python3 benchmarks/probes/gluon_prefill_probe.py --configs "${GLUON_CONFIGS:-}" --json "$OUT/gluon_prefill_probe.json" \
+  timeout "${PROBE_TIMEOUT:-400}" python3 benchmarks/probes/gluon_prefill_probe.py --configs "${GLUON_CONFIGS:-}" --json "$OUT/gluon_prefill_probe.json" \
     >"$OUT/gluon_prefill_probe.log" 2>&1 || echo "gluon prefill probe failed: $(tail -5 "$OUT/gluon_prefill_probe.log")"
 fi
 

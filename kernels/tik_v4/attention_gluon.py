@@ -42,7 +42,10 @@ WARPS = 4
 K_STAGES = 3   # best of the H200 sweep (evidence/probes/gluon/gluon_prefill_probe-sweep.json)
 V_STAGES = 2
 ORDER = 0
-KNOBS = {"warps": (4, 8), "k_stages": (1, 2, 3, 4), "v_stages": (1, 2, 3, 4), "order": (0, 1)}
+KNOBS = {"warps": (4, 8), "k_stages": (1, 2, 3, 4), "v_stages": (1, 2, 3, 4), "order": (0, 1), "ws": (0, 1)}
+WS = 0                  # 1: the warp-specialized program (two query heads, a producer warp), k_stages deep
+REGS_CONSUMER = gl.constexpr(208)   # setmaxnreg of the worker consumer warpgroup and of the producer warp
+REGS_PRODUCER = gl.constexpr(40)
 
 
 @gluon.jit
@@ -229,6 +232,127 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, 
             gl.store(LSE + h * lse_stride_h + q_start + offs_m, M + gl.log2(L), mask=row_ok)
 
 
+@gluon.jit
+def _ws_consumer(q_desc, q_s, bar_q, k_s, v_s, full_k, full_v, empty, ones_s, O, LSE, h, q_start, q_len, start_m,
+                 hi, full_end, n, stride_ot, stride_oh, lse_stride_h, qk_scale, D: gl.constexpr,
+                 BM: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr, STAGES: gl.constexpr,
+                 STORE_LSE: gl.constexpr):
+    """One 64-row warpgroup of one query head over the K / V ring the producer fills; Triton's issue
+    order. Two of these (the two query heads of a program) read each K / V tile."""
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE, 16])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, mma_s)
+    col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
+    row_o: gl.constexpr = gl.SliceLayout(1, mma_o)
+    row_l: gl.constexpr = gl.SliceLayout(1, mma_l)
+    dt: gl.constexpr = q_desc.dtype
+    _g_load(q_desc, q_start + start_m, h * D, bar_q, q_s)
+    mbarrier.wait(bar_q, 0)
+    zs = gl.zeros([BM, TILE], gl.float32, mma_s)
+    zl = gl.zeros([BM, 16], gl.float32, mma_l)
+    M = gl.full([BM], float("-inf"), gl.float32, row_o)
+    L = gl.zeros([BM], gl.float32, row_o)
+    ACC = gl.zeros([BM, D], gl.float32, mma_o)
+    m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([BM], gl.float32, row_l)
+    acc = gl.zeros([BM, D], gl.float32, mma_o)
+    q_abs = start_m + gl.arange(0, BM, layout=row_s)
+    offs_n = gl.arange(0, TILE, layout=col_s)
+    for t in range(0, n):
+        st = t % STAGES
+        ph = (t // STAGES) & 1
+        mbarrier.wait(full_k.index(st), ph)
+        s = warpgroup_mma(q_s, k_s.index(st).permute((1, 0)), zs, use_acc=False)
+        m_new, p, alpha = _g_tile_p(m_i, s, t, full_end, hi, q_abs, offs_n, qk_scale, TILE)
+        pb = p.to(dt)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        r = warpgroup_mma(gl.convert_layout(pb, gl.DotOperandLayout(0, mma_l, 2)), ones_s, zl, use_acc=False,
+                          is_async=True)
+        mbarrier.wait(full_v.index(st), ph)
+        acc = warpgroup_mma(gl.convert_layout(pb, gl.DotOperandLayout(0, mma_o, 2)), v_s.index(st), acc,
+                            is_async=True)
+        r, acc = warpgroup_mma_wait(0, deps=[r, acc])
+        mbarrier.arrive(empty.index(st), count=1)   # this head has read K(t) and V(t)
+        l_i = l_i * gl.convert_layout(alpha, row_l) + gl.max(r, 1)
+        m_i = m_new
+        if ((t + 1) % TPS == 0) | (t + 1 == n):
+            M, L, ACC = _g_merge(M, L, ACC, m_i, l_i, acc, row_o)
+            m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
+            l_i = gl.zeros([BM], gl.float32, row_l)
+            acc = gl.zeros([BM, D], gl.float32, mma_o)
+    offs_m = start_m + gl.arange(0, BM, layout=row_o)
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, mma_o))
+    row_ok = offs_m < q_len
+    rows = (q_start + offs_m).to(gl.int64)
+    gl.store(O + gl.expand_dims(rows, 1) * stride_ot + h * stride_oh + gl.expand_dims(offs_d, 0),
+             (ACC / gl.expand_dims(L, 1)).to(O.dtype.element_ty), mask=gl.expand_dims(row_ok, 1))
+    if STORE_LSE:
+        gl.store(LSE + h * lse_stride_h + q_start + offs_m, M + gl.log2(L), mask=row_ok)
+
+
+@gluon.jit
+def _ws_producer(k_desc, v_desc, k_s, v_s, full_k, full_v, empty, kv_row, kv_col, n, TILE: gl.constexpr,
+                 STAGES: gl.constexpr):
+    """One warp: K(t), V(t) into ring slot t % STAGES once both heads have released it."""
+    for t in range(0, n):
+        st = t % STAGES
+        mbarrier.wait(empty.index(st), ((t // STAGES) & 1) ^ 1)
+        _g_load(k_desc, kv_row + t * TILE, kv_col, full_k.index(st), k_s.index(st))
+        _g_load(v_desc, kv_row + t * TILE, kv_col, full_v.index(st), v_s.index(st))
+
+
+@gluon.jit
+def _attn_fwd_gluon_ws(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, lse_stride_h, qk_scale,
+                       GROUP: gl.constexpr, D: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr,
+                       STAGES: gl.constexpr, STORE_LSE: gl.constexpr):
+    """Warp-specialized: one program = 64 rows of two query heads of one kv head (GROUP even). A
+    producer warp fills a K / V ring; two consumer warpgroups (the default partition and a worker) each
+    run one head's rows over it, so each K / V tile is read from L2 once for both heads, and the two
+    warpgroups keep their own instruction streams (no lockstep)."""
+    BM: gl.constexpr = 64
+    blk: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
+    ones_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16)
+    dt: gl.constexpr = q_desc.dtype
+    pid_m = gl.program_id(0)
+    b = gl.program_id(1)
+    h0 = gl.program_id(2) * 2
+    q_start = gl.load(cu_q + b)
+    q_len = gl.load(cu_q + b + 1) - q_start
+    start_m = pid_m * BM
+    if start_m < q_len:
+        hi = gl.minimum(start_m + BM, q_len)
+        full_end = ((start_m + 1) // TILE) * TILE
+        n = gl.cdiv(hi, TILE)
+        q_s0 = gl.allocate_shared_memory(dt, [BM, D], q_desc.layout)
+        q_s1 = gl.allocate_shared_memory(dt, [BM, D], q_desc.layout)
+        k_s = gl.allocate_shared_memory(dt, [STAGES, TILE, D], k_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [STAGES, TILE, D], v_desc.layout)
+        ones_s = gl.allocate_shared_memory(dt, [TILE, 16], ones_l, gl.full([TILE, 16], 1.0, dt, layout=blk))
+        bar_q = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        full_k = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        full_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(bar_q.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(full_k.index(i), count=1)
+            mbarrier.init(full_v.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        fence_async_shared()
+        kv_row = q_start
+        kv_col = (h0 // GROUP) * D
+        gl.warp_specialize([
+            (_ws_consumer, (q_desc, q_s0, bar_q.index(0), k_s, v_s, full_k, full_v, empty, ones_s, O, LSE, h0,
+                            q_start, q_len, start_m, hi, full_end, n, stride_ot, stride_oh, lse_stride_h, qk_scale,
+                            D, BM, TILE, TPS, STAGES, STORE_LSE)),
+            (_ws_consumer, (q_desc, q_s1, bar_q.index(1), k_s, v_s, full_k, full_v, empty, ones_s, O, LSE, h0 + 1,
+                            q_start, q_len, start_m, hi, full_end, n, stride_ot, stride_oh, lse_stride_h, qk_scale,
+                            D, BM, TILE, TPS, STAGES, STORE_LSE)),
+            (_ws_producer, (k_desc, v_desc, k_s, v_s, full_k, full_v, empty, kv_row, kv_col, n, TILE, STAGES)),
+        ], [4, 1], [REGS_CONSUMER, REGS_PRODUCER])
+
+
 def _desc_ok(x: torch.Tensor) -> bool:
     """x [T, H, D] readable as a 2-D [T, H * D] TMA tensor: heads contiguous, 16-byte aligned rows."""
     es = x.element_size()
@@ -238,7 +362,7 @@ def _desc_ok(x: torch.Tensor) -> bool:
 
 def config(**over) -> dict:
     """The launch knobs, ``over`` (``None`` values ignored) on the defaults; refuses an unknown knob or value."""
-    cfg = {"warps": WARPS, "k_stages": K_STAGES, "v_stages": V_STAGES, "order": ORDER}
+    cfg = {"warps": WARPS, "k_stages": K_STAGES, "v_stages": V_STAGES, "order": ORDER, "ws": WS}
     for k, v in over.items():
         if v is None:
             continue
@@ -251,7 +375,8 @@ def config(**over) -> dict:
 
 
 def block_m(cfg: dict) -> int:
-    return 64 * (cfg["warps"] // 4)
+    """Query rows per program (per query head in the warp-specialized program)."""
+    return 64 if cfg["ws"] else 64 * (cfg["warps"] // 4)
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int, split: int) -> bool:
@@ -276,21 +401,30 @@ def prefill(q, k, v, o, lse, cu_q, max_q, qk_scale, store_lse, tile, split, cfg=
     qd = TensorDescriptor(q, [T, Hq * D], [q.stride(0), 1], [bm, D], gl.NVMMASharedLayout.get_default_for([bm, D], gdt))
     kd = TensorDescriptor(k, [k.shape[0], Hkv * D], [k.stride(0), 1], [tile, D], lay)
     vd = TensorDescriptor(v, [v.shape[0], Hkv * D], [v.stride(0), 1], [tile, D], lay)
+    args = (qd, kd, vd, o, lse, cu_q, o.stride(0), o.stride(1), lse.stride(0) if store_lse else 0, qk_scale)
+    if cfg["ws"]:
+        if (Hq // Hkv) % 2:
+            raise ValueError(f"attention_gluon: ws=1 needs an even number of query heads per kv head, got "
+                             f"{Hq // Hkv} (Hq {Hq}, Hkv {Hkv})")
+        grid = ((max(int(max_q), 1) + 63) // 64, B, Hq // 2)
+        _launch(_attn_fwd_gluon_ws, grid, args, dict(GROUP=Hq // Hkv, D=D, TILE=tile, TPS=split // tile,
+                                                     STAGES=cfg["k_stages"], STORE_LSE=store_lse, num_warps=4,
+                                                     enable_fp_fusion=False))
+        return
     grid = ((max(int(max_q), 1) + bm - 1) // bm, B, Hq)
-    _launch(grid, (qd, kd, vd, o, lse, cu_q, o.stride(0), o.stride(1), lse.stride(0) if store_lse else 0, qk_scale),
+    _launch(_attn_fwd_gluon, grid, args,
             dict(GROUP=Hq // Hkv, D=D, BM=bm, TILE=tile, TPS=split // tile, KSTAGES=cfg["k_stages"],
                  VSTAGES=cfg["v_stages"], ORDER=cfg["order"], STORE_LSE=store_lse, num_warps=cfg["warps"],
                  enable_fp_fusion=False))
 
 
-def _launch(grid, args, kw):
-    """``_attn_fwd_gluon[grid](*args, **kw)`` without the JIT's per-call host work when it can: the
+def _launch(fn, grid, args, kw):
+    """``fn[grid](*args, **kw)`` without the JIT's per-call host work when it can: the
     arguments bound by Triton's own binder, the kernel found under Triton's own cache key (the variant
     ``run`` would pick), its launcher called (as _rowops._launch does for the Triton kernels, here always
     on: Triton's full path costs this kernel ~50 us of host time per call on the H200). A cache miss
     (the first call compiles), an asynchronous compile, a launch hook (profilers), a changed global,
     another Triton version: Triton's own path."""
-    fn = _attn_fwd_gluon
     if R._FAST_TRITON:
         runtime = R.knobs.runtime
         if not (R._hooked(runtime.launch_enter_hook) or R._hooked(runtime.launch_exit_hook) or fn.pre_run_hooks):
