@@ -43,11 +43,16 @@ def parse_configs(text: str, g) -> list[dict]:
             raise ValueError(f"--configs: {c!r} is not knob=value,... (knobs {sorted(g.KNOBS)})")
         g.config(**kv)
         out.append(kv)
+    names = [_name(kv, g) for kv in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--configs: two knob sets name the same configuration ({names})")
     return out or [{}]
 
 
 def _name(kv: dict, g) -> str:
     c = g.config(**kv)
+    if c["ws"]:
+        return f"ws-k{c['k_stages']}"
     return f"w{c['warps']}k{c['k_stages']}v{c['v_stages']}o{c['order']}"
 
 

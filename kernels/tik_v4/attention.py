@@ -43,8 +43,8 @@ PREFILL_BLOCK_M = {"gpu": 64, "cpu": 32}  # GPU sweep (run 2): 64 x 4 warps fast
 PREFILL_WARPS = 4
 PREFILL_STAGES = 2
 PREFILL_SCRATCH_ACC = False  # keep the merged accumulator in an fp32 scratch between splits (GPU)
-# sm_90: the packed prefill through attention_gluon (the same instructions, the next tile's score MMA
-# issued before this tile's softmax); attention_gluon.applies says when
+# sm_90: the packed prefill through attention_gluon (the same instructions written in Gluon, launched
+# and pipelined by hand); attention_gluon.applies says when
 PREFILL_GLUON = True
 DECODE_WARPS = 4
 DECODE_STAGES = 2

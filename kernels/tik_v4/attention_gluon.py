@@ -1,22 +1,25 @@
-"""sm_90 packed prefill with explicit async wgmma (Gluon): the contract's arithmetic, FA3's issue order.
-
-Why this file exists: Triton 3.6 waits for every wgmma that is not an accumulation chain right after
-issuing it (``pendings = 0``), so in ``attention.py``'s prefill the score MMA of a tile never runs under
-the softmax of the tile before it, and its Hopper automatic warp specialization fails on that loop. Here
-the order is written by hand, per 64-key tile t of one 64-row warpgroup:
-
-    issue S(t+1) = Q K(t+1)^T                (async; runs under the softmax below)
-    P(t), alpha(t) from S(t)                 (the instructions of attention.py:_online_step)
-    wait for P(t-1) V(t-1); acc *= alpha(t)
-    issue rowsum(t) = P(t) ones, P(t) V(t)   (async; P(t) V(t) runs under the next tile's softmax)
-    wait for S(t+1) and rowsum(t); l = l * alpha(t) + max(rowsum(t))
+"""sm_90 packed prefill in Gluon (explicit TMA, mbarriers and wgmma): the contract's instructions,
+with the launch shape and issue order in our hands instead of Triton's pipeliner.
 
 Every value is computed by the same instruction on the same operands as ``attention.py``: the same
-wgmma shapes (instrShape n = 64 / D / 16, the layouts Triton picks for that loop), the same elementwise
-order with FP contraction off, ``_merge`` at the same split ends, ``ACC / L`` and ``M + log2(L)`` last.
-Only the issue order differs, so the outputs are the bits of ``attention.py``'s prefill (checked on
-the GPU by ``benchmarks/probes/gluon_prefill_probe.py`` and the contract suites; Gluon has no CPU
-interpreter, so the CPU runs ``attention.py``'s kernel and compiles this one for sm_90).
+wgmma shapes (instrShape n = 64 / D / 16, the layouts Triton picks for that loop; ``use_acc=False`` where
+Triton's accumulator is a zero constant), the same elementwise order with FP contraction off, ``_merge``
+at the same split ends, ``ACC / L`` and ``M + log2(L)`` last. So the outputs are the bits of
+``attention.py``'s prefill, and so of its decode and extend (on the H200: every knob setting below in
+``benchmarks/probes/gluon_prefill_probe.py``, and the contract suite). Gluon has no CPU interpreter:
+the CPU runs ``attention.py``'s kernel and compiles this one for sm_90 (benchmarks/compile_gluon_sm90.py).
+
+Free knobs (``KNOBS``; no bit depends on them), defaults from the H200 sweep in evidence/probes/gluon:
+
+* ``warps`` 4: one 64-row warpgroup per program, two programs per SM (8: two warpgroups sharing each
+  K / V tile run in lockstep and were slower);
+* ``k_stages`` / ``v_stages``: the K and V ring depths (3 / 2: the next K is waited for half an
+  iteration before the next V);
+* ``order`` 0: Triton's order, each MMA waited for at once. 1: FA3's order (S(t+1) issued before the
+  softmax of t, P(t) V(t) left in flight under the next softmax); ptxas serializes it (C7514, P(t)'s
+  registers are rewritten while P(t) V(t) reads them), and S(t+1) alone ahead measured slower;
+* ``ws`` 1: warp-specialized (a producer warp fills a K / V ring of ``k_stages`` slots, two consumer
+  warpgroups run two query heads of one kv head over it, so each tile is read once for both heads).
 
 K / V / Q are read through 2-D TMA descriptors over [T, H * D] (rows of a head contiguous): as in
 ``attention.py``'s TMA path, rows of a masked tile past the sequence's end hold the next sequence's
