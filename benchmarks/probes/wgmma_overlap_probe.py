@@ -18,7 +18,9 @@ program, K/V through TMA:
 * ``gluon_ahead``: S(t+1) = Q K(t+1)^T issued before the softmax of tile t and waited for after P(t) V(t)
   is issued, so the score MMA runs under the softmax;
 * ``gluon_ahead_pv``: as ``gluon_ahead``, and P(t) V(t) is left in flight until the rescale of tile t + 1
-  needs it (``warpgroup_mma_wait(1)``), so it runs under the next softmax too (FA3's intra-warpgroup order).
+  needs it (``warpgroup_mma_wait(1)``), so it would run under the next softmax too. ptxas serializes this
+  form (C7514: the rescale reads an accumulator while an MMA of its stage is in flight); FA3's own order,
+  which retires P(t) V(t) before the next rescale, is ``order=1`` of kernels/tik_v4/attention_gluon.py.
 
 Printed per kernel: time (CUDA events, median of ``--iters``), TFLOP/s (4 * rows * keys * D), and
 whether its fp32 output and LSE are bit-identical to the ``triton`` kernel's. ``--json`` writes it all.
