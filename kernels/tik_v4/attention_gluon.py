@@ -15,10 +15,9 @@ Free knobs (``KNOBS``; no bit depends on them), defaults from the H200 sweep in 
   K / V tile run in lockstep and were slower);
 * ``k_stages`` / ``v_stages``: the K and V ring depths (3 / 2: the next K is waited for half an
   iteration before the next V);
-* ``order`` 0: Triton's order, each MMA waited for at once. 1: FA3's order (S(t+1) under the rescale,
-  P(t) V(t) under the softmax of t + 1); not yet measured on the GPU. Measured slower: S(t+1) alone
-  issued ahead, and an order that kept P(t) V(t) in flight across the next rescale (ptxas serialized it,
-  C7514: a non-wgmma instruction read an accumulator while an MMA of its stage was in flight);
+* ``order`` 0: Triton's order, each MMA waited for at once. 1: FA3's order (S(t+1) issued before the
+  softmax of t, P(t) V(t) left in flight under the next softmax); ptxas serializes it (C7514, P(t)'s
+  registers are rewritten while P(t) V(t) reads them), and S(t+1) alone ahead measured slower;
 * ``ws`` 1: warp-specialized (a producer warp fills a K / V ring of ``k_stages`` slots, two consumer
   warpgroups run two query heads of one kv head over it, so each tile is read once for both heads).
 
@@ -36,6 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_init, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from . import _rowops as R
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
@@ -188,41 +188,36 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, 
                     l_i = gl.zeros([BM], gl.float32, row_l)
                     acc = gl.zeros([BM, D], gl.float32, mma_o)
         else:
-            # FA3's order. Entering iteration t: P(t), alpha(t) and the running max m(t) from the previous
-            # iteration's softmax. S(t+1) is issued first and runs under the rescale; P(t) V(t) runs under
-            # the softmax of t + 1 and is retired (wait(0)) at the end of the iteration, so no accumulator
-            # an MMA in flight writes is read (the forms that kept P V in flight across the rescale were
-            # serialized by ptxas, C7514). The values are the ones of ORDER 0: the rescale, row sum and
-            # P V of tile t use alpha(t) and P(t); a split's merge uses m, l, acc after its last tile; the
-            # softmax of the next split's first tile starts from -inf.
-            m_cur, p, alpha = _g_tile_p(m_i, s, 0, full_end, hi, q_abs, offs_n, qk_scale, TILE)
-            acc = gl.zeros([BM, D], gl.float32, mma_o)
+            # FA3's order: S(t+1) under the softmax of t, P(t) V(t) under the softmax of t + 1. wgmma
+            # groups complete in issue order: [P(t-1) V(t-1), S(t+1)] before the rescale and
+            # [S(t+1), rowsum(t), P(t) V(t)] after the issue, so wait(1) retires all but the newest.
+            acc_t = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, mma_o))
             for t in range(0, n):
                 _g_load(k_desc, kv_row + (t + KSTAGES) * TILE, kv_col, bar_k.index(t % KSTAGES),
                         k_s.index(t % KSTAGES), pred=t + KSTAGES < n)
-                t1 = gl.minimum(t + 1, n - 1)   # the last tile computes a score tile it does not use
+                t1 = gl.minimum(t + 1, n - 1)
                 mbarrier.wait(bar_k.index(t1 % KSTAGES), (t1 // KSTAGES) & 1)
                 s_next = warpgroup_mma(q_s, k_s.index(t1 % KSTAGES).permute((1, 0)), zs, use_acc=False,
                                        is_async=True)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                m_new, p, alpha = _g_tile_p(m_i, s, t, full_end, hi, q_abs, offs_n, qk_scale, TILE)
                 pb = p.to(dt)
+                acc = warpgroup_mma_wait(1, deps=[acc_t])
+                tp = gl.maximum(t - 1, 0)     # V(t-1) was read by P(t-1) V(t-1), now complete
+                _g_load(v_desc, kv_row + (tp + VSTAGES) * TILE, kv_col, bar_v.index(tp % VSTAGES),
+                        v_s.index(tp % VSTAGES), pred=(t > 0) & (tp + VSTAGES < n))
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 r = warpgroup_mma(gl.convert_layout(pb, pl_l), ones_s, zl, use_acc=False, is_async=True)
                 mbarrier.wait(bar_v.index(t % VSTAGES), (t // VSTAGES) & 1)
                 acc_t = warpgroup_mma(gl.convert_layout(pb, pl_o), v_s.index(t % VSTAGES), acc, is_async=True)
                 s, r = warpgroup_mma_wait(1, deps=[s_next, r])
                 l_i = l_i * gl.convert_layout(alpha, row_l) + gl.max(r, 1)
-                split_end = ((t + 1) % TPS == 0) | (t + 1 == n)
-                m_t = m_cur
-                m_from = gl.where(split_end, gl.full([BM], float("-inf"), gl.float32, row_s), m_t)
-                m_cur, p, alpha = _g_tile_p(m_from, s, t1, full_end, hi, q_abs, offs_n, qk_scale, TILE)
-                acc = warpgroup_mma_wait(0, deps=[acc_t])
-                # V(t) was read by P(t) V(t), now complete
-                _g_load(v_desc, kv_row + (t + VSTAGES) * TILE, kv_col, bar_v.index(t % VSTAGES),
-                        v_s.index(t % VSTAGES), pred=t + VSTAGES < n)
-                if split_end:
-                    M, L, ACC = _g_merge(M, L, ACC, m_t, l_i, acc, row_o)
+                m_i = m_new
+                if ((t + 1) % TPS == 0) | (t + 1 == n):
+                    acc = warpgroup_mma_wait(0, deps=[acc_t])
+                    M, L, ACC = _g_merge(M, L, ACC, m_i, l_i, acc, row_o)
+                    m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
                     l_i = gl.zeros([BM], gl.float32, row_l)
-                    acc = gl.zeros([BM, D], gl.float32, mma_o)
+                    acc_t = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, mma_o))
 
         mbarrier.invalidate(bar_q.index(0))
         for i in gl.static_range(KSTAGES):
@@ -427,8 +422,22 @@ def prefill(q, k, v, o, lse, cu_q, max_q, qk_scale, store_lse, tile, split, cfg=
 
 
 def _launch(fn, grid, args, kw):
-    # Triton's own launch path. Binding the arguments with the JIT's binder and calling the cached
-    # kernel's launcher directly (as _rowops._launch does) was slower in the H200 contract runs (one
-    # each): prefill b1 L1024 cold 214.7 against 98.9 us, while cuDNN's own cold time there went 35.0 ->
-    # 51.9 us between the two runs; graph replay unchanged (42.2 / 41.8 us).
+    """``fn[grid](*args, **kw)`` without the JIT's per-call host work when it can: the
+    arguments bound by Triton's own binder, the kernel found under Triton's own cache key (the variant
+    ``run`` would pick), its launcher called (as _rowops._launch does for the Triton kernels, here always
+    on: Triton's full path costs this kernel ~50 us of host time per call on the H200). A cache miss
+    (the first call compiles), an asynchronous compile, a launch hook (profilers), a changed global,
+    another Triton version: Triton's own path."""
+    if R._FAST_TRITON:
+        runtime = R.knobs.runtime
+        if not (R._hooked(runtime.launch_enter_hook) or R._hooked(runtime.launch_exit_hook) or fn.pre_run_hooks):
+            kb = dict(kw, debug=fn.debug or runtime.debug, instrumentation_mode=R.knobs.compilation.instrumentation_mode)
+            device = R.driver.active.get_current_device()
+            kernel_cache, key_cache, _, _, binder = fn.device_caches[device]
+            bound, specialization, options = binder(*args, **kb)
+            kernel = kernel_cache.get(R.compute_cache_key(key_cache, specialization, options))
+            if kernel is not None and not hasattr(kernel, "result") and R._globals_unchanged(fn):
+                kernel.run(grid[0], grid[1], grid[2], R.driver.active.get_current_stream(device), kernel.function,
+                           kernel.packed_metadata, None, None, None, *bound.values())
+                return
     fn[grid](*args, **kw)
