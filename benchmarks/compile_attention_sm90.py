@@ -33,26 +33,33 @@ def _ptx_counts(ptx: str) -> dict:
             "wgmma": len(re.findall(r"\bwgmma\.mma_async", ptx)), "mma_sync": len(re.findall(r"\bmma\.sync", ptx))}
 
 
-def assemble(c) -> dict:
-    """ptxas -v of a compiled kernel: registers, spills, C7515; plus metadata and PTX facts."""
+def ptxas_v(ptx: str) -> dict:
+    """``ptxas -arch=sm_90a -v`` of PTX text with the triton wheel's ptxas: return code, stderr, registers
+    (-1 when ptxas printed none) and spill-store bytes."""
     import triton
 
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    ptx = c.asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
     try:
         r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
     finally:
         os.unlink(f.name)
-    regs = max((int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)), default=-1)
-    spill = max((int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)), default=0)
+    return {"rc": r.returncode, "stderr": r.stderr,
+            "regs": max((int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)), default=-1),
+            "spill_bytes": max((int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)), default=0)}
+
+
+def assemble(c) -> dict:
+    """ptxas -v of a compiled kernel: registers, spills, C7515; plus metadata and PTX facts."""
+    ptx = c.asm["ptx"]
+    r = ptxas_v(ptx)
     return {
-        "ptxas_rc": r.returncode, "regs": regs, "spill_bytes": spill, "smem": int(c.metadata.shared),
+        "ptxas_rc": r["rc"], "regs": r["regs"], "spill_bytes": r["spill_bytes"], "smem": int(c.metadata.shared),
         "num_warps": int(c.metadata.num_warps), "num_stages": int(c.metadata.num_stages),
         "mma": "wgmma" if "wgmma.mma_async" in ptx else ("mma.sync" if "mma.sync" in ptx else "-"),
         "loads": "tma" if "cp.async.bulk.tensor" in ptx else ("cp.async" if "cp.async" in ptx else "ld"),
-        "serialized_wgmma": "C7515" in r.stderr, "ptx": _ptx_counts(ptx),
+        "serialized_wgmma": "C7515" in r["stderr"], "ptx": _ptx_counts(ptx),
     }
 
 

@@ -5,7 +5,8 @@ LSE), at GQA group 4: registers, spill bytes and shared memory from the triton w
 V come through TMA and the MMAs are wgmma, how many ``wgmma.wait_group 1`` (an MMA left in flight) the
 PTX has, and whether any fp32 fma appears (FP contraction must stay off); ``--configs`` adds knob sets
 (warps, ring depths, issue order). Fails (exit 1) on a compile error, a spill, more than the SM's 227 KiB
-of shared memory, the FA3 order without an MMA in flight, or an fp32 fma. Gluon kernels cannot run under TRITON_INTERPRET; this script must run without it.
+of shared memory, the FA3 order without an MMA in flight, or an fp32 fma. Gluon kernels cannot run under
+TRITON_INTERPRET; this script must run without it.
 
 Usage: ``python benchmarks/compile_gluon_sm90.py [--impl kernels/tik_v4] [--json OUT.json] [--configs 'warps=8,k_stages=3;order=1']``.
 """
@@ -17,10 +18,11 @@ import importlib
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import types
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks.compile_attention_sm90 import ptxas_v  # noqa: E402
 
 SMEM_LIMIT = 227 * 1024
 
@@ -67,23 +69,15 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None) -> dic
     c = triton.compile(GluonASTSource(fn, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "enable_fp_fusion": False})
     ptx = c.asm["ptx"]
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    try:
-        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
-    if r.returncode:
-        raise RuntimeError(f"ptxas failed: {r.stderr[-600:]}")
+    r = ptxas_v(ptx)
+    if r["rc"]:
+        raise RuntimeError(f"ptxas failed: {r['stderr'][-600:]}")
     setmaxnreg = sorted({int(x) for x in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)})
     return {"d": d, "dtype": str(dtype).split(".")[-1], "lse": lse, "config": cfg, "warps": int(c.metadata.num_warps),
             "setmaxnreg_inc": setmaxnreg,
             "worker_regs": [int(getattr(g.REGS_CONSUMER, "value", g.REGS_CONSUMER)),
                             int(getattr(g.REGS_PRODUCER, "value", g.REGS_PRODUCER))] if cfg["ws"] else [],
-            "serialized_wgmma": "C7514" in r.stderr,
-            "regs": max(int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)),
-            "spill_bytes": max([int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)] or [0]),
+            "serialized_wgmma": "C7514" in r["stderr"], "regs": r["regs"], "spill_bytes": r["spill_bytes"],
             "smem": int(c.metadata.shared), "tma": "cp.async.bulk.tensor" in ptx, "wgmma": "wgmma.mma_async" in ptx,
             "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+1", ptx)),
             "fma_f32": len(re.findall(r"\bfma\.rn\.f32", ptx)), "ex2": len(re.findall(r"\bex2\.approx", ptx))}

@@ -30,6 +30,7 @@ from areal_tik_plugin.contract.gemm import named_shapes
 GEMM_SHAPES = named_shapes()
 MAX_DECODE_TOKENS = 1 << 21   # B * ctx: the dense + paged caches stay under ~4 GB each
 MAX_PREFILL_TOKENS = 1 << 17  # B * L: q / k / v and the baseline's copies stay under ~2 GB
+MAX_TOKENS = {"decode": MAX_DECODE_TOKENS, "prefill": MAX_PREFILL_TOKENS}
 
 
 def parse_cases(text: str) -> list[tuple]:
@@ -45,17 +46,11 @@ def parse_cases(text: str) -> list[tuple]:
                     raise ValueError
                 out.append(("gemm", shape, m))
                 continue
-            if parts[0] == "decode" and len(parts) == 3:
-                b, ctx = int(parts[1]), int(parts[2])
-                if not (1 <= b <= 256 and 1 <= ctx and b * ctx <= MAX_DECODE_TOKENS):
-                    raise ValueError
-                out.append(("decode", b, ctx))
-                continue
-            if parts[0] == "prefill" and len(parts) == 3:
+            if parts[0] in MAX_TOKENS and len(parts) == 3:
                 b, n = int(parts[1]), int(parts[2])
-                if not (1 <= b <= 256 and 1 <= n and b * n <= MAX_PREFILL_TOKENS):
+                if not (1 <= b <= 256 and 1 <= n and b * n <= MAX_TOKENS[parts[0]]):
                     raise ValueError
-                out.append(("prefill", b, n))
+                out.append((parts[0], b, n))
                 continue
         except ValueError:
             pass

@@ -19,8 +19,7 @@ program, K/V through TMA:
   is issued, so the score MMA runs under the softmax;
 * ``gluon_ahead_pv``: as ``gluon_ahead``, and P(t) V(t) is left in flight until the rescale of tile t + 1
   needs it (``warpgroup_mma_wait(1)``), so it would run under the next softmax too. ptxas serializes this
-  form (C7514: the rescale reads an accumulator while an MMA of its stage is in flight); FA3's own order,
-  which retires P(t) V(t) before the next rescale, is ``order=1`` of kernels/tik_v4/attention_gluon.py.
+  form (C7514: the rescale reads an accumulator while an MMA of its stage is in flight).
 
 Printed per kernel: time (CUDA events, median of ``--iters``), TFLOP/s (4 * rows * keys * D), and
 whether its fp32 output and LSE are bit-identical to the ``triton`` kernel's. ``--json`` writes it all.
@@ -36,9 +35,7 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 import triton
 import triton.language as tl
@@ -46,6 +43,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_init, warpgroup_mma_wait
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from benchmarks.compile_attention_sm90 import ptxas_v  # noqa: E402
 
 D = 128
 TILE = 64          # ATTN_KV_TILE
@@ -106,6 +106,17 @@ def _g_softmax(m_i, s, qk_scale):
     p = gl.exp2(s - gl.expand_dims(m_safe, 1))
     alpha = gl.exp2(m_i - m_safe)
     return m_new, p.to(gl.bfloat16), alpha
+
+
+@gluon.jit
+def _g_merge(M, L, ACC, m_i, l_i, acc, row_o: gl.constexpr):
+    mo = gl.convert_layout(m_i, row_o)
+    lo = gl.convert_layout(l_i, row_o)
+    M_new = gl.maximum(M, mo)
+    M_safe = gl.where(M_new == float("-inf"), 0.0, M_new)
+    a = gl.exp2(M - M_safe)
+    b = gl.exp2(mo - M_safe)
+    return M_new, L * a + lo * b, ACC * gl.expand_dims(a, 1) + acc * gl.expand_dims(b, 1)
 
 
 @gluon.jit
@@ -196,15 +207,7 @@ def gluon_loop(q_desc, k_desc, v_desc, O, LSE, n_splits, qk_scale, D: gl.constex
             mbarrier.wait(bar_k.index(t1 % STAGES), (t1 // STAGES) & 1)
             s = warpgroup_mma(q_s, k_s.index(t1 % STAGES).permute((1, 0)), zs, use_acc=False)
         if (t + 1) % TPS == 0:
-            mo = gl.convert_layout(m_i, row_o)
-            lo = gl.convert_layout(l_i, row_o)
-            M_new = gl.maximum(M, mo)
-            M_safe = gl.where(M_new == float("-inf"), 0.0, M_new)
-            a = gl.exp2(M - M_safe)
-            b = gl.exp2(mo - M_safe)
-            L = L * a + lo * b
-            ACC = ACC * gl.expand_dims(a, 1) + acc * gl.expand_dims(b, 1)
-            M = M_new
+            M, L, ACC = _g_merge(M, L, ACC, m_i, l_i, acc, row_o)
             m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
             l_i = gl.zeros([BM], gl.float32, row_l)
             acc = gl.zeros([BM, D], gl.float32, mma_o)
@@ -256,15 +259,7 @@ def _g_loop_pv(q_s, k_s, v_s, ones_s, bar_k, bar_v, k_desc, v_desc, s, M, L, ACC
         m_i = m_new
         if (t + 1) % TPS == 0:
             acc = warpgroup_mma_wait(0, deps=[acc_t])
-            mo = gl.convert_layout(m_i, row_o)
-            lo = gl.convert_layout(l_i, row_o)
-            M_new = gl.maximum(M, mo)
-            M_safe = gl.where(M_new == float("-inf"), 0.0, M_new)
-            a = gl.exp2(M - M_safe)
-            b = gl.exp2(mo - M_safe)
-            L = L * a + lo * b
-            ACC = ACC * gl.expand_dims(a, 1) + acc * gl.expand_dims(b, 1)
-            M = M_new
+            M, L, ACC = _g_merge(M, L, ACC, m_i, l_i, acc, row_o)
             m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
             l_i = gl.zeros([BM], gl.float32, row_l)
             acc_t = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, mma_o))
@@ -273,17 +268,10 @@ def _g_loop_pv(q_s, k_s, v_s, ones_s, bar_k, bar_v, k_desc, v_desc, s, M, L, ACC
 
 # ------------------------------------------------------------------------------------------------ host
 def _ptxas(ptx: str) -> dict:
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    try:
-        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
-    if r.returncode:
-        raise RuntimeError(f"ptxas failed: {r.stderr[-400:]}")
-    return {"regs": max(int(x) for x in re.findall(r"Used (\d+) registers", r.stderr)),
-            "spill_bytes": max([int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)] or [0])}
+    r = ptxas_v(ptx)
+    if r["rc"]:
+        raise RuntimeError(f"ptxas failed: {r['stderr'][-400:]}")
+    return {"regs": r["regs"], "spill_bytes": r["spill_bytes"]}
 
 
 def compile_only(stages: int) -> dict:
