@@ -38,9 +38,20 @@ class ImplementationError(RuntimeError):
 
 
 def kernels_root() -> str:
-    from areal_tik_plugin.kernels import KERNELS_DIR
+    """The folder holding the implementations and ``selection.json``.
 
-    return KERNELS_DIR
+    An installed wheel has it at ``areal_tik_plugin/kernels/``; a checkout (and an editable install)
+    at ``kernels/`` beside the package. That folder has no ``__init__.py``: with one, running Python
+    from the repository root would make it the top-level ``kernels`` package and shadow the PyPI
+    ``kernels`` distribution that transformers imports.
+    """
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for root in (os.path.join(pkg, "kernels"), os.path.join(os.path.dirname(pkg), "kernels")):
+        if os.path.isfile(os.path.join(root, "selection.json")):
+            return root
+    raise ImplementationError(
+        f"no kernels folder with selection.json at {os.path.join(pkg, 'kernels')} (installed wheel) or "
+        f"{os.path.join(os.path.dirname(pkg), 'kernels')} (checkout); reinstall areal-tik-plugin")
 
 
 def source_files(path: str) -> list[str]:

@@ -4,6 +4,7 @@ development shim in the built wheel, and ``import areal_tik_plugin`` pulls no he
 from __future__ import annotations
 
 import ast
+import json
 import os
 import pathlib
 import subprocess
@@ -113,6 +114,7 @@ def test_wheel_ships_no_shims(tmp_path):
     (whl,) = tmp_path.glob("areal_tik_plugin-*.whl")
     names = zipfile.ZipFile(whl).namelist()
     assert "areal_tik_plugin/kernels/tik_v1/manifest.json" in names
+    assert "areal_tik_plugin/kernels/selection.json" in names
     assert "areal_tik_plugin/search/specs/cpu_toy.yaml" in names
     assert "areal_tik_plugin/runtime/native/_tik_native.c" in names
     bad = [n for n in names if any(s in n for s in ("stubs", "devenv", "benchmarks/", "tests/", "wheels.py",
@@ -120,3 +122,26 @@ def test_wheel_ships_no_shims(tmp_path):
                                                     "swanlab", "trackio", "ray/"))]
     assert bad == []
     assert not any(n.startswith(("benchmarks", "devenv", "tests")) for n in names)
+    # the installed wheel (not the checkout) resolves the selection: sm_90 gets what selection.json says
+    site = tmp_path / "site"
+    zipfile.ZipFile(whl).extractall(site)
+    code = ("from areal_tik_plugin.runtime import loader; "
+            "print(loader.kernels_root()); print(loader.selected_name('sm_90'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stderr
+    root, name = r.stdout.split()
+    assert root == str(site / "areal_tik_plugin" / "kernels")
+    assert name == json.loads((ROOT / "kernels" / "selection.json").read_text())["sm_90"]
+
+
+def test_repository_root_does_not_shadow_pypi_kernels():
+    """``kernels/`` is data, not a package: Python started in the repository root (``python -m ...`` from
+    a checkout) must still import transformers, whose hub integration imports the PyPI ``kernels``."""
+    assert not (ROOT / "kernels" / "__init__.py").exists()
+    pytest.importorskip("transformers")
+    code = ("import importlib.util, transformers.modeling_utils; s = importlib.util.find_spec('kernels'); "
+            "print(s.origin if s else None)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not r.stdout.strip().startswith(str(ROOT / "kernels")), r.stdout
