@@ -4,7 +4,8 @@ For every variant ``attention_gluon.applies`` admits (D 64 / 128, bf16 / fp16, w
 LSE), at GQA group 4: registers, spill bytes and shared memory from the triton wheel's ptxas, whether K /
 V come through TMA and the MMAs are wgmma, how many ``wgmma.wait_group 1`` (an MMA left in flight) the
 PTX has, and whether any fp32 fma appears (FP contraction must stay off); ``--configs`` adds knob sets
-(warps, ring depths, issue order). Fails (exit 1) on a compile error, a spill, more than the SM's 227 KiB
+(warps, ring depths, issue order; ``tile=128`` compiles a knob set at a 128-key tile, the contract's
+ATTN_KV_TILE alternative, for an implementation whose ``applies`` admits it). Fails (exit 1) on a compile error, a spill, more than the SM's 227 KiB
 of shared memory, the FA3 order without an MMA in flight, or an fp32 fma. Gluon kernels cannot run under
 TRITON_INTERPRET; this script must run without it.
 
@@ -40,7 +41,7 @@ def _load(impl: str):
     return importlib.import_module("_tik_gluon_sm90.attention_gluon")
 
 
-def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None) -> dict:
+def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None, tile: int = 64) -> dict:
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -51,8 +52,8 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None) -> dic
     cfg = cfg or g.config()
     bm = g.block_m(cfg)
     gdt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
-    lay = gl.NVMMASharedLayout.get_default_for([64, d], gdt)
-    desc = mangle_type(g.TensorDescriptor(torch.zeros(64, d, dtype=dtype), [64, d], [d, 1], [64, d], lay))
+    lay = gl.NVMMASharedLayout.get_default_for([tile, d], gdt)
+    desc = mangle_type(g.TensorDescriptor(torch.zeros(tile, d, dtype=dtype), [tile, d], [d, 1], [tile, d], lay))
     qdesc = mangle_type(g.TensorDescriptor(torch.zeros(bm, d, dtype=dtype), [bm, d], [d, 1], [bm, d],
                                            gl.NVMMASharedLayout.get_default_for([bm, d], gdt)))
     ptr = "*bf16" if dtype == torch.bfloat16 else "*fp16"
@@ -60,10 +61,10 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None) -> dic
            "stride_ot": "i32", "stride_oh": "i32", "lse_stride_h": "i32", "qk_scale": "fp32"}
     if cfg["ws"]:
         fn, warps = g._attn_fwd_gluon_ws, 4
-        cx = {"GROUP": 4, "D": d, "TILE": 64, "TPS": 8, "STAGES": cfg["k_stages"], "STORE_LSE": lse}
+        cx = {"GROUP": 4, "D": d, "TILE": tile, "TPS": 512 // tile, "STAGES": cfg["k_stages"], "STORE_LSE": lse}
     else:
         fn, warps = g._attn_fwd_gluon, cfg["warps"]
-        cx = {"GROUP": 4, "D": d, "BM": bm, "TILE": 64, "TPS": 8, "KSTAGES": cfg["k_stages"],
+        cx = {"GROUP": 4, "D": d, "BM": bm, "TILE": tile, "TPS": 512 // tile, "KSTAGES": cfg["k_stages"],
               "VSTAGES": cfg["v_stages"], "ORDER": cfg["order"], "STORE_LSE": lse}
     sig.update({k: "constexpr" for k in cx})
     c = triton.compile(GluonASTSource(fn, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
@@ -73,7 +74,8 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None) -> dic
     if r["rc"]:
         raise RuntimeError(f"ptxas failed: {r['stderr'][-600:]}")
     setmaxnreg = sorted({int(x) for x in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)})
-    return {"d": d, "dtype": str(dtype).split(".")[-1], "lse": lse, "config": cfg, "warps": int(c.metadata.num_warps),
+    return {"d": d, "dtype": str(dtype).split(".")[-1], "lse": lse, "config": cfg, "tile": tile,
+            "warps": int(c.metadata.num_warps),
             "setmaxnreg_inc": setmaxnreg,
             "worker_regs": [int(getattr(g.REGS_CONSUMER, "value", g.REGS_CONSUMER)),
                             int(getattr(g.REGS_PRODUCER, "value", g.REGS_PRODUCER))] if cfg["ws"] else [],
@@ -118,20 +120,26 @@ def main(argv=None) -> int:
 
     g = _load(args.impl)
     try:
-        sweep = [g.config(**dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in c.split(",")))
-                 for c in args.configs.split(";") if c] if args.configs else []
+        sweep = []
+        for c in [c for c in args.configs.split(";") if c]:
+            kv = dict((x.split("=")[0], int(x.split("=")[1])) for x in c.split(","))
+            tile = kv.pop("tile", 64)
+            if tile not in (64, 128):
+                raise ValueError(f"tile={tile}: expected 64 or 128")
+            sweep.append((g.config(**kv), tile))
     except (ValueError, IndexError) as e:
-        ap.error(f"--configs: {e} (expected 'warps=8,k_stages=3;order=1', knobs {sorted(g.KNOBS)})")
-    cases = [(d, dt, lse, None) for d in g.HEAD_DIMS for dt in g.DTYPES for lse in (False, True)]
-    cases += [(128, torch.bfloat16, True, c) for c in sweep]
+        ap.error(f"--configs: {e} (expected 'warps=8,k_stages=3;order=1;order=1,tile=128', knobs "
+                 f"{sorted(g.KNOBS)} and tile)")
+    cases = [(d, dt, lse, None, 64) for d in g.HEAD_DIMS for dt in g.DTYPES for lse in (False, True)]
+    cases += [(128, torch.bfloat16, True, c, t) for c, t in sweep]
     res, bad = [], 0
-    for d, dt, lse, cfg in cases:
-        r = compile_variant(g, d, dt, lse, cfg)
+    for d, dt, lse, cfg, tile in cases:
+        r = compile_variant(g, d, dt, lse, cfg, tile)
         f = failures(r)
         bad += bool(f)
         res.append(r)
         c = r["config"]
-        print(f"{'FAIL' if f else 'ok  '} D {d:3d} {r['dtype']:8s} lse {lse!s:5s} w{c['warps']} k{c['k_stages']} "
+        print(f"{'FAIL' if f else 'ok  '} D {d:3d} {r['dtype']:8s} lse {lse!s:5s} t{tile} w{c['warps']} k{c['k_stages']} "
               f"v{c['v_stages']} o{c['order']} ws{c['ws']} regs {r['regs']} spill {r['spill_bytes']} smem {r['smem']} "
               f"wait1 {r['wgmma_wait_1']} ex2 {r['ex2']}" + (f"  ({'; '.join(f)})" if f else ""))
     if args.json:

@@ -2,11 +2,12 @@
 # One device call: the prefill tile-loop probes on the H200 (writes under $OUT, prints a table last).
 #   1. benchmarks/probes/wgmma_overlap_probe.py: the contract's unmasked tile loop as Triton writes it
 #      against explicit-wgmma (Gluon) forms that issue the next score MMA ahead; bits vs Triton's loop.
-#   2. benchmarks/probes/gluon_prefill_probe.py: kernels/tik_v4's prefill (Gluon on sm_90) vs tik_v2's: bits, time.
+#   2. benchmarks/probes/gluon_prefill_probe.py: kernels/$GLUON_IMPL's prefill (Gluon on sm_90; default tik_v4)
+#      vs tik_v2's: bits, time (gluon_prefill_probe[-IMPL].json).
 #   3. Nsight Compute of the selected prefill (attention_varlen) against cuDNN SDPA on the same shapes:
 #      details page and per-SASS-line stall samples of our kernel.
 #   bash benchmarks/gpu_prefill_probes.sh [CASES]     (CASES: ncu_probe.py --cases, prefill:B:L,...)
-#   STEPS="wgmma gluon ncu" (default: all three); GLUON_CONFIGS: gluon_prefill_probe.py --configs.
+#   STEPS="wgmma gluon ncu" (default: all three); GLUON_IMPL, GLUON_CONFIGS: gluon_prefill_probe.py --impl, --configs.
 #   Everything is also packed into $OUT/prefill_probes.tgz (the device returns a limited number of files).
 set -uo pipefail  # each step reports its own failure; a hung kernel is cut by its timeout
 cd "$(dirname "$0")/.."
@@ -18,6 +19,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.sm --format=csv >"$OUT/gpu.txt" 2>&1 || true
 
 STEPS=" ${STEPS:-wgmma gluon ncu} "
+GLUON_IMPL=${GLUON_IMPL:-tik_v4}
+gname=gluon_prefill_probe$([ "$GLUON_IMPL" = tik_v4 ] || echo "-$GLUON_IMPL")
 [[ $STEPS == *" wgmma "* ]] && echo "== wgmma overlap probe (2 and 3 stages)"
 for st in 2 3; do
   [[ $STEPS == *" wgmma "* ]] || break
@@ -26,9 +29,9 @@ for st in 2 3; do
 done
 
 if [[ $STEPS == *" gluon "* ]]; then
-  echo "== gluon prefill probe (tik_v4 vs tik_v2 bits and time, cuDNN beside; configs: ${GLUON_CONFIGS:-defaults})"
-  timeout "${PROBE_TIMEOUT:-400}" python3 benchmarks/probes/gluon_prefill_probe.py --configs "${GLUON_CONFIGS:-}" --json "$OUT/gluon_prefill_probe.json" \
-    >"$OUT/gluon_prefill_probe.log" 2>&1 || echo "gluon prefill probe failed: $(tail -5 "$OUT/gluon_prefill_probe.log")"
+  echo "== gluon prefill probe ($GLUON_IMPL vs tik_v2 bits and time, cuDNN beside; configs: ${GLUON_CONFIGS:-defaults})"
+  timeout "${PROBE_TIMEOUT:-400}" python3 benchmarks/probes/gluon_prefill_probe.py --impl "$GLUON_IMPL" --configs "${GLUON_CONFIGS:-}" \
+    --json "$OUT/$gname.json" >"$OUT/$gname.log" 2>&1 || echo "gluon prefill probe failed: $(tail -5 "$OUT/$gname.log")"
 fi
 
 name=ncu_prefill-$IMPL
@@ -50,9 +53,9 @@ fi
 
 (cd "$OUT" && tar czf prefill_probes.tgz --exclude prefill_probes.tgz ./*)
 echo "== summary"
-python3 - "$OUT" "$name" <<'EOF'
+python3 - "$OUT" "$name" "$gname" <<'EOF'
 import glob, json, os, re, sys
-out, name = sys.argv[1], sys.argv[2]
+out, name, gname = sys.argv[1], sys.argv[2], sys.argv[3]
 for f in sorted(glob.glob(os.path.join(out, "wgmma_overlap_probe-s*.json"))):
     r = json.load(open(f))
     print(f"{os.path.basename(f)}: rows {r['rows']} keys {r['keys']} stages {r['stages']}")
@@ -62,7 +65,7 @@ for f in sorted(glob.glob(os.path.join(out, "wgmma_overlap_probe-s*.json"))):
             print(f"  {k:15s} {v['us']:9.2f} us {v['tflops']:7.1f} TFLOP/s  bits==triton {v['bits_equal_out']},"
                   f"{v['bits_equal_lse']}  regs {c.get('regs')} spill {c.get('spill_bytes')}")
     print(f"  fp64 max abs err (triton loop): {r['kernels']['fp64_max_abs_err_triton']:.2e}")
-g = os.path.join(out, "gluon_prefill_probe.log")
+g = os.path.join(out, gname + ".log")
 if os.path.exists(g):
     lines = open(g).read().splitlines()
     i = next((j for j, l in enumerate(lines) if l.startswith("bits vs tik_v2")), None)

@@ -1,14 +1,17 @@
-"""GPU probe: kernels/tik_v4's prefill (sm_90: attention_gluon, explicit async wgmma) against tik_v2's
-(Triton, TMA K/V) on the same inputs: output and LSE bits, and time beside cuDNN SDPA.
+"""GPU probe: an implementation's Gluon prefill (``--impl``, default tik_v4; sm_90: attention_gluon,
+explicit async wgmma) against tik_v2's (Triton, TMA K/V) on the same inputs: output and LSE bits, and
+time beside cuDNN SDPA. A knob set with ``tile=128`` runs at the contract's coupled 128-key tile and is
+checked against the same implementation's Triton kernel at that tile (``gluon=False``): the bits a
+contract with ATTN_KV_TILE 128 would have; its Triton time is reported beside it.
 
 Bits: packed varlen batches with odd lengths (1, 17, 70, 33, 511, 513, 1000, 2049), GQA 32 / 8 at D 128
 and 8 / 2 at D 64, bf16 and fp16, and K / V as strided views of one fused QKV tensor; each case says
-whether tik_v4 took its Gluon path (``attention_gluon.applies``) and whether ``prefill(return_lse=True)``
-gives tik_v2's bits (int16 / int32 views). Time: the quick spec's prefill cells (Hq 32, Hkv 8, D 128,
-bf16), CUDA events, median of ``--iters`` calls after two warm-ups, for tik_v4, tik_v2 and
+whether the implementation took its Gluon path (``attention_gluon.applies``) and whether
+``prefill(return_lse=True)`` gives the reference bits (int16 / int32 views). Time: the quick spec's prefill cells (Hq 32, Hkv 8, D 128,
+bf16), CUDA events, median of ``--iters`` calls after two warm-ups, for each knob set, tik_v2 and
 ``F.scaled_dot_product_attention`` under ``SDPBackend.CUDNN_ATTENTION`` (causal, GQA) on [B, H, L, D].
 
-    python benchmarks/probes/gluon_prefill_probe.py --json $OUT/gluon_prefill_probe.json
+    python benchmarks/probes/gluon_prefill_probe.py [--impl tik_v5] [--configs 'order=1;tile=128'] --json $OUT/g.json
 """
 
 from __future__ import annotations
@@ -24,24 +27,30 @@ CELLS = ((1, 1024), (1, 4096), (1, 8192), (4, 1024), (4, 4096), (4, 8192), (8, 1
          (16, 4096))
 
 
+IMPL = "tik_v4"
+
+
 def _mods():
     from areal_tik_plugin.runtime import loader
 
     k = os.path.join(ROOT, "kernels")
-    v4 = loader.load_implementation(os.path.join(k, "tik_v4"))
+    imp = loader.load_implementation(os.path.join(k, IMPL))
     v2 = loader.load_implementation(os.path.join(k, "tik_v2"))
-    return v4.module("attention"), v4.module("attention_gluon"), v2.module("attention")
+    return imp.module("attention"), imp.module("attention_gluon"), v2.module("attention")
 
 
 def parse_configs(text: str, g) -> list[dict]:
-    """``'warps=8,k_stages=3;order=1'`` -> knob dicts checked by attention_gluon.config; '' -> [defaults]."""
+    """``'warps=8,k_stages=3;order=1;tile=128'`` -> knob dicts checked by attention_gluon.config (``tile``
+    beside them: 64, the contract's, or 128); '' -> [defaults]."""
     out = []
     for c in [c for c in text.split(";") if c]:
         try:
             kv = dict((x.split("=")[0], int(x.split("=")[1])) for x in c.split(","))
         except (ValueError, IndexError):
-            raise ValueError(f"--configs: {c!r} is not knob=value,... (knobs {sorted(g.KNOBS)})")
-        g.config(**kv)
+            raise ValueError(f"--configs: {c!r} is not knob=value,... (knobs {sorted(g.KNOBS)} and tile)")
+        if kv.get("tile", 64) not in (64, 128):
+            raise ValueError(f"--configs: tile={kv['tile']}; expected 64 or 128")
+        g.config(**_knobs(kv))
         out.append(kv)
     names = [_name(kv, g) for kv in out]
     if len(set(names)) != len(names):
@@ -49,11 +58,32 @@ def parse_configs(text: str, g) -> list[dict]:
     return out or [{}]
 
 
+def _knobs(kv: dict) -> dict:
+    return {k: v for k, v in kv.items() if k != "tile"}
+
+
+def _tile(kv: dict) -> int:
+    return kv.get("tile", 64)
+
+
 def _name(kv: dict, g) -> str:
-    c = g.config(**kv)
+    c = g.config(**_knobs(kv))
+    t = "" if _tile(kv) == 64 else f"t{_tile(kv)}"
     if c["ws"]:
-        return f"ws-k{c['k_stages']}"
-    return f"w{c['warps']}k{c['k_stages']}v{c['v_stages']}o{c['order']}"
+        return f"ws-k{c['k_stages']}{t}"
+    return f"w{c['warps']}k{c['k_stages']}v{c['v_stages']}o{c['order']}{t}"
+
+
+def _run(a, q, k, v, cu, mx, scale, kv, **kw):
+    """The implementation's prefill with knob set ``kv`` (its Gluon path where ``applies``)."""
+    return a.prefill(q, k, v, cu, mx, scale, tile=_tile(kv), gluon_cfg=_knobs(kv), **kw)
+
+
+def _ref(a, a2, q, k, v, cu, mx, scale, tile, **kw):
+    """The reference bits: tik_v2 at the contract's tile, the implementation's Triton kernel at 128."""
+    if tile == 64:
+        return a2.prefill(q, k, v, cu, mx, scale, **kw)
+    return a.prefill(q, k, v, cu, mx, scale, tile=tile, gluon=False, **kw)
 
 
 def bit_cases(torch, configs):
@@ -78,13 +108,14 @@ def bit_cases(torch, configs):
             v = torch.randn(T, hkv, d, device="cuda", dtype=dt)
         scale = d ** -0.5
         mx = max(BIT_LENS)
-        o2, l2 = a2.prefill(q, k, v, cu, mx, scale, return_lse=True)
+        refs = {t: _ref(a4, a2, q, k, v, cu, mx, scale, t, return_lse=True) for t in {_tile(kv) for kv in configs}}
         for kv in configs:
-            o4, l4 = a4.prefill(q, k, v, cu, mx, scale, return_lse=True, gluon_cfg=kv)
-            o4n = a4.prefill(q, k, v, cu, mx, scale, gluon_cfg=kv)
+            o2, l2 = refs[_tile(kv)]
+            o4, l4 = _run(a4, q, k, v, cu, mx, scale, kv, return_lse=True)
+            o4n = _run(a4, q, k, v, cu, mx, scale, kv)
             torch.cuda.synchronize()
             out.append({"config": _name(kv, g4), "hq": hq, "hkv": hkv, "d": d, "dtype": str(dt).split(".")[-1],
-                        "fused_qkv": fused, "gluon_path": bool(g4.applies(q, k, v, 64, 512)),
+                        "fused_qkv": fused, "gluon_path": bool(g4.applies(q, k, v, _tile(kv), 512)),
                         "out_bits_equal": bool(torch.equal(o4.view(torch.int16), o2.view(torch.int16))),
                         "lse_bits_equal": bool(torch.equal(l4.view(torch.int32), l2.view(torch.int32))),
                         "out_no_lse_bits_equal": bool(torch.equal(o4n.view(torch.int16), o2.view(torch.int16))),
@@ -130,15 +161,19 @@ def time_cells(torch, F, iters, configs):
         t2 = _time(torch, lambda: a2.prefill(q, k, v, cu, n, scale), iters)
         tc = _time(torch, cudnn, iters)
         flops = 4 * B * hq * d * n * n / 2
-        ref = a2.prefill(q, k, v, cu, n, scale).view(torch.int16)
+        refs = {t: _ref(a4, a2, q, k, v, cu, n, scale, t).view(torch.int16) for t in {_tile(kv) for kv in configs}}
         row = {"cell": f"prefill_b{B}_L{n}", "tik_v2_us": round(t2, 2), "cudnn_us": round(tc, 2),
-               "v2_vs_cudnn": round(tc / t2, 3), "cudnn_tflops": round(flops / tc / 1e6, 1), "tik_v4": {}}
+               "v2_vs_cudnn": round(tc / t2, 3), "cudnn_tflops": round(flops / tc / 1e6, 1), IMPL: {}}
+        for t in sorted(refs):
+            if t != 64:  # the implementation's Triton kernel at this tile (the reference bits)
+                tt = _time(torch, lambda: a4.prefill(q, k, v, cu, n, scale, tile=t, gluon=False), iters)
+                row[f"triton_t{t}"] = {"us": round(tt, 2), "vs_cudnn": round(tc / tt, 3)}
         for kv in configs:
-            t4 = _time(torch, lambda: a4.prefill(q, k, v, cu, n, scale, gluon_cfg=kv), iters)
-            same = torch.equal(a4.prefill(q, k, v, cu, n, scale, gluon_cfg=kv).view(torch.int16), ref)
-            row["tik_v4"][_name(kv, g4)] = {"us": round(t4, 2), "over_v2": round(t2 / t4, 3),
-                                            "vs_cudnn": round(tc / t4, 3), "tflops": round(flops / t4 / 1e6, 1),
-                                            "bits_equal": bool(same)}
+            t4 = _time(torch, lambda: _run(a4, q, k, v, cu, n, scale, kv), iters)
+            same = torch.equal(_run(a4, q, k, v, cu, n, scale, kv).view(torch.int16), refs[_tile(kv)])
+            row[IMPL][_name(kv, g4)] = {"us": round(t4, 2), "over_v2": round(t2 / t4, 3),
+                                        "vs_cudnn": round(tc / t4, 3), "tflops": round(flops / t4 / 1e6, 1),
+                                        "bits_equal": bool(same)}
         res.append(row)
         del q, k, v, q4, k4, v4
     return res
@@ -146,11 +181,16 @@ def time_cells(torch, F, iters, configs):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/probes/gluon_prefill_probe.py")
+    ap.add_argument("--impl", default="tik_v4", help="implementation folder under kernels/ with attention_gluon.py")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--json", default=None)
     ap.add_argument("--configs", default="", help="';'-separated attention_gluon knob sets, each "
-                    "'knob=value,...' (default: the defaults only)")
+                    "'knob=value,...', tile=128 beside the knobs (default: the defaults only)")
     args = ap.parse_args(argv)
+    global IMPL
+    if not os.path.isfile(os.path.join(ROOT, "kernels", args.impl, "attention_gluon.py")):
+        ap.error(f"--impl: kernels/{args.impl}/attention_gluon.py not found (expected an implementation with a Gluon prefill)")
+    IMPL = args.impl
     if args.iters < 1:
         ap.error(f"--iters: expected >= 1, got {args.iters}")
     sys.path.insert(0, ROOT)
@@ -164,7 +204,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gluon_prefill_probe: needs a CUDA device", file=sys.stderr)
         return 2
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    with open(os.path.join(ROOT, "kernels", IMPL, "manifest.json")) as f:
+        src = json.load(f)["source_hash"]   # the loader has checked it against the sources
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "impl": IMPL, "source_hash": src}
     import triton
 
     res["triton"] = triton.__version__
@@ -176,25 +218,29 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             f.write(text + "\n")
     print(text)
-    print("bits vs tik_v2 (out, lse, out without lse), rows differing:")
+    print("bits vs tik_v2 (tile 128: vs the implementation's Triton kernel) (out, lse, out without lse), rows differing:")
     for c in res["bits"]:
         print(f"  {c['config']} {c['hq']}/{c['hkv']} D{c['d']} {c['dtype']} fused={c['fused_qkv']!s:5s} gluon={c['gluon_path']!s:5s} "
               f"{c['out_bits_equal']},{c['lse_bits_equal']},{c['out_no_lse_bits_equal']} rows {c['rows_differing']}")
     names = res["configs"]
-    print(f"{'cell':18s} {'v2 us':>8s} {'cudnn':>8s} {'v2/cud':>6s} " + " ".join(f"{n:>11s}" for n in names)
-          + "   (tik_v4 config: cuDNN us / its us, * = bits differ)")
-    geo = {n: 1.0 for n in names}
+    tri = sorted({k for c in res["cells"] for k in c if k.startswith("triton_t")})
+    print(f"{'cell':18s} {'v2 us':>8s} {'cudnn':>8s} {'v2/cud':>6s} " + " ".join(f"{n:>11s}" for n in tri + names)
+          + f"   ({IMPL} config: cuDNN us / its us, * = bits differ)")
+    geo = {n: 1.0 for n in tri + names}
     g2 = 1.0
     for c in res["cells"]:
         g2 *= c["v2_vs_cudnn"]
         cells = []
+        for n in tri:
+            geo[n] *= c[n]["vs_cudnn"]
+            cells.append(f"{c[n]['vs_cudnn']:10.3f} ")
         for n in names:
-            r = c["tik_v4"][n]
+            r = c[IMPL][n]
             geo[n] *= r["vs_cudnn"]
             cells.append(f"{r['vs_cudnn']:10.3f}{'' if r['bits_equal'] else '*'}")
         print(f"{c['cell']:18s} {c['tik_v2_us']:8.1f} {c['cudnn_us']:8.1f} {c['v2_vs_cudnn']:6.3f} " + " ".join(cells))
     k = len(res["cells"])
-    print(f"{'geomean vs cuDNN':18s} {'':8s} {'':8s} {g2 ** (1 / k):6.3f} " + " ".join(f"{geo[n] ** (1 / k):11.3f}" for n in names))
+    print(f"{'geomean vs cuDNN':18s} {'':8s} {'':8s} {g2 ** (1 / k):6.3f} " + " ".join(f"{geo[n] ** (1 / k):11.3f}" for n in tri + names))
     return 0
 
 

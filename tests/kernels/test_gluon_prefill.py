@@ -1,8 +1,9 @@
-"""kernels/tik_v4: tik_v2 with the sm_90 packed prefill in Gluon (attention_gluon.py, explicit async wgmma).
+"""kernels/tik_v4 and tik_v5: tik_v2 with the sm_90 packed prefill in Gluon (attention_gluon.py, explicit
+async wgmma; tik_v5 with FA3's issue order and the coupled 128-key tile admitted for benchmarks).
 Gluon has no CPU interpreter, so here: the Gluon kernel compiles for sm_90 with no spills for every head
-dim / dtype / LSE variant ``applies`` admits and for the FA3 issue order and two warpgroups per program;
-on the CPU tik_v4 runs tik_v2's kernel and gives its bits. Its bits on the H200:
-benchmarks/probes/gluon_prefill_probe.py and the contract suite."""
+dim / dtype / LSE variant ``applies`` admits and for the knob sets the H200 probes sweep; on the CPU both
+run tik_v2's kernel and give its bits. Their bits on the H200: benchmarks/probes/gluon_prefill_probe.py
+and the contract suite."""
 
 from __future__ import annotations
 
@@ -18,15 +19,15 @@ from tests.helpers.scripts import ptxas_available, run_script
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "kernels")
 
 
-@pytest.fixture(scope="module")
-def mods():
-    v4 = loader.load_implementation(os.path.join(ROOT, "tik_v4"))
-    return v4.module("attention"), v4.module("attention_gluon"), \
+@pytest.fixture(scope="module", params=["tik_v4", "tik_v5"])
+def mods(request):
+    imp = loader.load_implementation(os.path.join(ROOT, request.param))
+    return imp.module("attention"), imp.module("attention_gluon"), \
         loader.load_implementation(os.path.join(ROOT, "tik_v2")).module("attention")
 
 
 @pytest.mark.skipif(not ptxas_available(), reason="triton's bundled ptxas not found")
-def test_gluon_prefill_compiles_for_sm90(tmp_path):
+def test_tik_v4_gluon_prefill_compiles_for_sm90(tmp_path):
     out = tmp_path / "g.json"
     r = run_script("compile_gluon_sm90", "--impl", os.path.join(ROOT, "tik_v4"), "--json", str(out),
                    "--configs", "ws=1,k_stages=4;warps=8,k_stages=3,v_stages=3;order=1", timeout=600)
@@ -46,6 +47,32 @@ def test_gluon_prefill_compiles_for_sm90(tmp_path):
     # the warp-specialized program: 3 warp groups whose registers after setmaxnreg fit the SM
     ws = v[8]
     assert ws["warps"] == 12 and 128 * (max(ws["setmaxnreg_inc"]) + sum(ws["worker_regs"])) <= 65536, ws
+
+
+@pytest.mark.skipif(not ptxas_available(), reason="triton's bundled ptxas not found")
+def test_tik_v5_fa3_order_and_wide_tile_compile_for_sm90(tmp_path):
+    out = tmp_path / "g.json"
+    r = run_script("compile_gluon_sm90", "--impl", os.path.join(ROOT, "tik_v5"), "--json", str(out),
+                   "--configs", "order=1;order=1,k_stages=2;warps=8,order=1;tile=128;"
+                   "warps=8,k_stages=2,v_stages=2,tile=128;order=1,tile=128", timeout=600)
+    # the one failure is FA3's order at the 128-key tile: two score tiles, P and the accumulators do not fit
+    # 255 registers, and the script says it spills
+    assert r.returncode == 1 and r.stdout.count("FAIL") == 1 and "t128 w4 k3 v2 o1" in r.stdout, \
+        r.stdout[-2000:] + r.stderr[-2000:]
+    v = json.loads(out.read_text())["variants"]
+    assert [(x["tile"], x["config"]["warps"], x["config"]["order"]) for x in v[8:]] == \
+        [(64, 4, 1), (64, 4, 1), (64, 8, 1), (128, 4, 0), (128, 8, 0), (128, 4, 1)]
+    assert v[13]["spill_bytes"] > 0
+    ok = v[:13]
+    assert all(x["spill_bytes"] == 0 and x["fma_f32"] == 0 and x["tma"] and x["wgmma"] and not x["serialized_wgmma"]
+               for x in ok), ok
+    # FA3's order keeps P(t) V(t) in flight under the next softmax (wgmma.wait_group 1) and ptxas does not
+    # serialize it; Triton's order waits for every MMA at once
+    assert all(x["wgmma_wait_1"] >= 1 for x in v[8:11]) and all(x["wgmma_wait_1"] == 0 for x in v[:8] + v[11:13])
+    # two programs per SM at the 64-key tile (registers and shared memory), one at 128
+    # (the SM's 228 KiB, 1 KiB reserved per program)
+    assert all(2 * 128 * x["regs"] <= 65536 and 2 * (x["smem"] + 1024) <= 233472 for x in v[8:10])
+    assert 2 * (v[11]["smem"] + 1024) > 233472 >= v[12]["smem"] + 1024
 
 
 def test_cpu_runs_tik_v2_kernel_with_its_bits(mods):
