@@ -66,6 +66,8 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None, tile: 
         fn, warps = g._attn_fwd_gluon, cfg["warps"]
         cx = {"GROUP": 4, "D": d, "BM": bm, "TILE": tile, "TPS": 512 // tile, "KSTAGES": cfg["k_stages"],
               "VSTAGES": cfg["v_stages"], "ORDER": cfg["order"], "STORE_LSE": lse}
+    if "rev" in cfg:   # implementations with the launch-order knob
+        cx["REV"] = cfg["rev"]
     sig.update({k: "constexpr" for k in cx})
     c = triton.compile(GluonASTSource(fn, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "enable_fp_fusion": False})
@@ -140,7 +142,7 @@ def main(argv=None) -> int:
         res.append(r)
         c = r["config"]
         print(f"{'FAIL' if f else 'ok  '} D {d:3d} {r['dtype']:8s} lse {lse!s:5s} t{tile} w{c['warps']} k{c['k_stages']} "
-              f"v{c['v_stages']} o{c['order']} ws{c['ws']} regs {r['regs']} spill {r['spill_bytes']} smem {r['smem']} "
+              f"v{c['v_stages']} o{c['order']} ws{c['ws']} r{c.get('rev', 0)} regs {r['regs']} spill {r['spill_bytes']} smem {r['smem']} "
               f"wait1 {r['wgmma_wait_1']} ex2 {r['ex2']}" + (f"  ({'; '.join(f)})" if f else ""))
     if args.json:
         with open(args.json, "w") as fh:

@@ -43,7 +43,7 @@ elif command -v ncu >/dev/null; then
     python3 benchmarks/probes/ncu_probe.py --cases "$CASES" >"$OUT/$name.run.log" 2>&1 || echo "ncu failed: $(tail -3 "$OUT/$name.run.log")"
   if [ -f "$OUT/$name.ncu-rep" ]; then
     ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/$name.txt" 2>&1 || true
-    ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass -k regex:_attn_fwd_kernel \
+    ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass -k regex:_attn_fwd \
       2>/dev/null | gzip -9 >"$OUT/$name-sass.csv.gz" || true
     rm -f "$OUT/$name.ncu-rep"
   fi

@@ -9,17 +9,20 @@ at the same split ends, ``ACC / L`` and ``M + log2(L)`` last. So the outputs are
 ``benchmarks/probes/gluon_prefill_probe.py``, and the contract suite). Gluon has no CPU interpreter:
 the CPU runs ``attention.py``'s kernel and compiles this one for sm_90 (benchmarks/compile_gluon_sm90.py).
 
-Free knobs (``KNOBS``; no bit depends on them), defaults from the H200 sweep in evidence/probes/gluon:
+Free knobs (``KNOBS``; no bit depends on them), defaults from the H200 sweeps in evidence/probes/gluon
+(gluon_prefill_probe-sweep.json for tik_v4's knobs, gluon_prefill_probe-tik_v5.json for this folder's):
 
 * ``warps`` 4: one 64-row warpgroup per program, two programs per SM (8: two warpgroups sharing each
   K / V tile run in lockstep and were slower);
-* ``k_stages`` / ``v_stages``: the K and V ring depths (3 / 2: the next K is waited for half an
-  iteration before the next V);
-* ``order`` 0: Triton's order, each MMA waited for at once. 1: FA3's order (S(t+1) under the rescale,
-  P(t) V(t) under the softmax of t + 1; H200 times: evidence/probes/gluon/gluon_prefill_probe-tik_v5.json).
+* ``k_stages`` / ``v_stages``: the K and V ring depths (3 / 3 with FA3's order, the best of its first
+  sweep at L >= 4096, at the cost of one program per SM: 116.8 KB of shared memory);
+* ``order`` 1: FA3's order (S(t+1) under the rescale, P(t) V(t) under the softmax of t + 1). 0:
+  Triton's order, each MMA waited for at once (tik_v4's default).
   Measured slower in tik_v4: S(t+1) alone issued ahead, and an order that kept P(t) V(t) in flight
   across the next rescale (ptxas serialized it, C7514: a non-wgmma instruction read an accumulator while
   an MMA of its stage was in flight);
+* ``rev`` 1: query blocks launched in reverse (the longest causal rows first: no long program is left
+  for the last wave);
 * ``ws`` 1: warp-specialized (a producer warp fills a K / V ring of ``k_stages`` slots, two consumer
   warpgroups run two query heads of one kv head over it, so each tile is read once for both heads).
 
@@ -45,10 +48,12 @@ DTYPES = (torch.bfloat16, torch.float16)
 # Free knobs (no bit depends on them): warps (4: one 64-row warpgroup per program; 8: two, sharing
 # each K / V tile), K / V ring depths, issue order (0: Triton's, every MMA waited for at once; 1: FA3's).
 WARPS = 4
-K_STAGES = 3   # best of the H200 sweep (evidence/probes/gluon/gluon_prefill_probe-sweep.json)
-V_STAGES = 2
-ORDER = 0
-KNOBS = {"warps": (4, 8), "k_stages": (1, 2, 3, 4), "v_stages": (1, 2, 3, 4), "order": (0, 1), "ws": (0, 1)}
+K_STAGES = 3
+V_STAGES = 3
+ORDER = 1
+REV = 0                 # 1: query blocks launched last-first, so the longest causal rows start in the first wave
+KNOBS = {"warps": (4, 8), "k_stages": (1, 2, 3, 4), "v_stages": (1, 2, 3, 4), "order": (0, 1), "ws": (0, 1),
+         "rev": (0, 1)}
 WS = 0                  # 1: the warp-specialized program (two query heads, a producer warp), k_stages deep
 REGS_CONSUMER = gl.constexpr(208)   # setmaxnreg of the worker consumer warpgroup and of the producer warp
 REGS_PRODUCER = gl.constexpr(40)
@@ -101,7 +106,8 @@ def _g_load(desc, row, col, bar, dst, pred=True):
 @gluon.jit
 def _attn_fwd_gluon(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, lse_stride_h, qk_scale,
                     GROUP: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr,
-                    KSTAGES: gl.constexpr, VSTAGES: gl.constexpr, ORDER: gl.constexpr, STORE_LSE: gl.constexpr):
+                    KSTAGES: gl.constexpr, VSTAGES: gl.constexpr, ORDER: gl.constexpr, STORE_LSE: gl.constexpr,
+                    REV: gl.constexpr):
     # BM = 64 rows per warpgroup x (num_warps / 4) warpgroups; the warpgroups share each K / V tile
     NW: gl.constexpr = gl.num_warps()
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, TILE, 16])
@@ -115,7 +121,10 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, 
     row_l: gl.constexpr = gl.SliceLayout(1, mma_l)
     dt: gl.constexpr = q_desc.dtype
 
-    pid_m = gl.program_id(0)
+    if REV:
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        pid_m = gl.program_id(0)
     b = gl.program_id(1)
     h = gl.program_id(2)
     h_kv = h // GROUP
@@ -316,7 +325,7 @@ def _ws_producer(k_desc, v_desc, k_s, v_s, full_k, full_v, empty, kv_row, kv_col
 @gluon.jit
 def _attn_fwd_gluon_ws(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, lse_stride_h, qk_scale,
                        GROUP: gl.constexpr, D: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr,
-                       STAGES: gl.constexpr, STORE_LSE: gl.constexpr):
+                       STAGES: gl.constexpr, STORE_LSE: gl.constexpr, REV: gl.constexpr):
     """Warp-specialized: one program = 64 rows of two query heads of one kv head (GROUP even). A
     producer warp fills a K / V ring; two consumer warpgroups (the default partition and a worker) each
     run one head's rows over it, so each K / V tile is read from L2 once for both heads, and the two
@@ -325,7 +334,10 @@ def _attn_fwd_gluon_ws(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_o
     blk: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
     ones_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16)
     dt: gl.constexpr = q_desc.dtype
-    pid_m = gl.program_id(0)
+    if REV:
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        pid_m = gl.program_id(0)
     b = gl.program_id(1)
     h0 = gl.program_id(2) * 2
     q_start = gl.load(cu_q + b)
@@ -373,7 +385,7 @@ def _desc_ok(x: torch.Tensor) -> bool:
 
 def config(**over) -> dict:
     """The launch knobs, ``over`` (``None`` values ignored) on the defaults; refuses an unknown knob or value."""
-    cfg = {"warps": WARPS, "k_stages": K_STAGES, "v_stages": V_STAGES, "order": ORDER, "ws": WS}
+    cfg = {"warps": WARPS, "k_stages": K_STAGES, "v_stages": V_STAGES, "order": ORDER, "ws": WS, "rev": REV}
     for k, v in over.items():
         if v is None:
             continue
@@ -421,13 +433,13 @@ def prefill(q, k, v, o, lse, cu_q, max_q, qk_scale, store_lse, tile, split, cfg=
                              f"{Hq // Hkv} (Hq {Hq}, Hkv {Hkv})")
         grid = ((max(int(max_q), 1) + 63) // 64, B, Hq // 2)
         _launch(_attn_fwd_gluon_ws, grid, args, dict(GROUP=Hq // Hkv, D=D, TILE=tile, TPS=split // tile,
-                                                     STAGES=cfg["k_stages"], STORE_LSE=store_lse, num_warps=4,
+                                                     STAGES=cfg["k_stages"], STORE_LSE=store_lse, REV=cfg["rev"], num_warps=4,
                                                      enable_fp_fusion=False))
         return
     grid = ((max(int(max_q), 1) + bm - 1) // bm, B, Hq)
     _launch(_attn_fwd_gluon, grid, args,
             dict(GROUP=Hq // Hkv, D=D, BM=bm, TILE=tile, TPS=split // tile, KSTAGES=cfg["k_stages"],
-                 VSTAGES=cfg["v_stages"], ORDER=cfg["order"], STORE_LSE=store_lse, num_warps=cfg["warps"],
+                 VSTAGES=cfg["v_stages"], ORDER=cfg["order"], STORE_LSE=store_lse, REV=cfg["rev"], num_warps=cfg["warps"],
                  enable_fp_fusion=False))
 
 
