@@ -14,8 +14,8 @@ Free knobs (``KNOBS``; no bit depends on them), defaults from the H200 sweeps in
 
 * ``warps`` 4: one 64-row warpgroup per program, two programs per SM (8: two warpgroups sharing each
   K / V tile run in lockstep and were slower);
-* ``k_stages`` / ``v_stages``: the K and V ring depths (3 / 3 with FA3's order, the best of its first
-  sweep at L >= 4096, at the cost of one program per SM: 116.8 KB of shared memory);
+* ``k_stages`` / ``v_stages``: the K and V ring depths (3 / 3 with FA3's order: one program per SM at
+  D 128, 116.8 KB of shared memory; 3 / 2 fits two);
 * ``order`` 1: FA3's order (S(t+1) under the rescale, P(t) V(t) under the softmax of t + 1). 0:
   Triton's order, each MMA waited for at once (tik_v4's default).
   Measured slower in tik_v4: S(t+1) alone issued ahead, and an order that kept P(t) V(t) in flight
