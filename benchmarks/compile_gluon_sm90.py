@@ -66,8 +66,10 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None, tile: 
         fn, warps = g._attn_fwd_gluon, cfg["warps"]
         cx = {"GROUP": 4, "D": d, "BM": bm, "TILE": tile, "TPS": 512 // tile, "KSTAGES": cfg["k_stages"],
               "VSTAGES": cfg["v_stages"], "ORDER": cfg["order"], "STORE_LSE": lse}
-    if "rev" in cfg:   # implementations with the launch-order knob
+    if "rev" in cfg:   # implementations with the launch-order knob (and FA3's order in the ws program)
         cx["REV"] = cfg["rev"]
+        if cfg["ws"]:
+            cx["ORDER"] = cfg["order"]
     sig.update({k: "constexpr" for k in cx})
     c = triton.compile(GluonASTSource(fn, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "enable_fp_fusion": False})
@@ -79,8 +81,9 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None, tile: 
     return {"d": d, "dtype": str(dtype).split(".")[-1], "lse": lse, "config": cfg, "tile": tile,
             "warps": int(c.metadata.num_warps),
             "setmaxnreg_inc": setmaxnreg,
-            "worker_regs": [int(getattr(g.REGS_CONSUMER, "value", g.REGS_CONSUMER)),
-                            int(getattr(g.REGS_PRODUCER, "value", g.REGS_PRODUCER))] if cfg["ws"] else [],
+            "worker_regs": (g.ws_regs(cfg) if hasattr(g, "ws_regs") else
+                            [int(getattr(g.REGS_CONSUMER, "value", g.REGS_CONSUMER)),
+                             int(getattr(g.REGS_PRODUCER, "value", g.REGS_PRODUCER))]) if cfg["ws"] else [],
             "serialized_wgmma": "C7514" in r["stderr"], "regs": r["regs"], "spill_bytes": r["spill_bytes"],
             "smem": int(c.metadata.shared), "tma": "cp.async.bulk.tensor" in ptx, "wgmma": "wgmma.mma_async" in ptx,
             "wgmma_wait_1": len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+1", ptx)),

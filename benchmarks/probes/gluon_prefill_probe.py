@@ -70,7 +70,7 @@ def _name(kv: dict, g) -> str:
     c = g.config(**_knobs(kv))
     t = ("" if _tile(kv) == 64 else f"t{_tile(kv)}") + ("r" if c.get("rev") else "")
     if c["ws"]:
-        return f"ws-k{c['k_stages']}{t}"
+        return f"ws-k{c['k_stages']}o{c['order']}{t}"
     return f"w{c['warps']}k{c['k_stages']}v{c['v_stages']}o{c['order']}{t}"
 
 

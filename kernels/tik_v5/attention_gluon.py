@@ -14,8 +14,8 @@ Free knobs (``KNOBS``; no bit depends on them), defaults from the H200 sweeps in
 
 * ``warps`` 4: one 64-row warpgroup per program, two programs per SM (8: two warpgroups sharing each
   K / V tile run in lockstep and were slower);
-* ``k_stages`` / ``v_stages``: the K and V ring depths (3 / 3 with FA3's order: one program per SM at
-  D 128, 116.8 KB of shared memory; 3 / 2 fits two);
+* ``k_stages`` / ``v_stages``: the K and V ring depths (3 / 2: two programs per SM at D 128; 3 / 3
+  needs 116.8 KB of shared memory, one program per SM);
 * ``order`` 1: FA3's order (S(t+1) under the rescale, P(t) V(t) under the softmax of t + 1). 0:
   Triton's order, each MMA waited for at once (tik_v4's default).
   Measured slower in tik_v4: S(t+1) alone issued ahead, and an order that kept P(t) V(t) in flight
@@ -24,7 +24,8 @@ Free knobs (``KNOBS``; no bit depends on them), defaults from the H200 sweeps in
 * ``rev`` 1: query blocks launched in reverse (the longest causal rows first: no long program is left
   for the last wave);
 * ``ws`` 1: warp-specialized (a producer warp fills a K / V ring of ``k_stages`` slots, two consumer
-  warpgroups run two query heads of one kv head over it, so each tile is read once for both heads).
+  warpgroups run two query heads of one kv head over it, so each tile is read once for both heads),
+  each consumer in the issue order ``order`` says.
 
 K / V / Q are read through 2-D TMA descriptors over [T, H * D] (rows of a head contiguous): as in
 ``attention.py``'s TMA path, rows of a masked tile past the sequence's end hold the next sequence's
@@ -49,14 +50,24 @@ DTYPES = (torch.bfloat16, torch.float16)
 # each K / V tile), K / V ring depths, issue order (0: Triton's, every MMA waited for at once; 1: FA3's).
 WARPS = 4
 K_STAGES = 3
-V_STAGES = 3
+V_STAGES = 2
 ORDER = 1
 REV = 0                 # 1: query blocks launched last-first, so the longest causal rows start in the first wave
 KNOBS = {"warps": (4, 8), "k_stages": (1, 2, 3, 4), "v_stages": (1, 2, 3, 4), "order": (0, 1), "ws": (0, 1),
          "rev": (0, 1)}
 WS = 0                  # 1: the warp-specialized program (two query heads, a producer warp), k_stages deep
-REGS_CONSUMER = gl.constexpr(208)   # setmaxnreg of the worker consumer warpgroup and of the producer warp
+# setmaxnreg of the worker consumer warpgroup and of the producer warp (Triton's order / FA3's, which
+# keeps two score tiles live); the default consumer partition gets the rest of the SM's 512 per thread
+REGS_CONSUMER = gl.constexpr(208)
 REGS_PRODUCER = gl.constexpr(40)
+REGS_CONSUMER_FA3 = gl.constexpr(232)
+REGS_PRODUCER_FA3 = gl.constexpr(24)
+
+
+def ws_regs(cfg: dict) -> list[int]:
+    """[worker consumer, producer] setmaxnreg of the warp-specialized program for ``cfg``."""
+    pair = (REGS_CONSUMER_FA3, REGS_PRODUCER_FA3) if cfg["order"] else (REGS_CONSUMER, REGS_PRODUCER)
+    return [int(getattr(x, "value", x)) for x in pair]
 
 
 @gluon.jit
@@ -256,9 +267,10 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, 
 def _ws_consumer(q_desc, q_s, bar_q, k_s, v_s, full_k, full_v, empty, ones_s, O, LSE, h, q_start, q_len, start_m,
                  hi, full_end, n, stride_ot, stride_oh, lse_stride_h, qk_scale, D: gl.constexpr,
                  BM: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr, STAGES: gl.constexpr,
-                 STORE_LSE: gl.constexpr):
-    """One 64-row warpgroup of one query head over the K / V ring the producer fills; Triton's issue
-    order. Two of these (the two query heads of a program) read each K / V tile."""
+                 STORE_LSE: gl.constexpr, ORDER: gl.constexpr):
+    """One 64-row warpgroup of one query head over the K / V ring the producer fills, in Triton's issue
+    order (ORDER 0) or FA3's (1, as in _attn_fwd_gluon). Two of these (the two query heads of a program)
+    read each K / V tile."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE, 16])
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
@@ -279,28 +291,57 @@ def _ws_consumer(q_desc, q_s, bar_q, k_s, v_s, full_k, full_v, empty, ones_s, O,
     acc = gl.zeros([BM, D], gl.float32, mma_o)
     q_abs = start_m + gl.arange(0, BM, layout=row_s)
     offs_n = gl.arange(0, TILE, layout=col_s)
-    for t in range(0, n):
-        st = t % STAGES
-        ph = (t // STAGES) & 1
-        mbarrier.wait(full_k.index(st), ph)
-        s = warpgroup_mma(q_s, k_s.index(st).permute((1, 0)), zs, use_acc=False)
-        m_new, p, alpha = _g_tile_p(m_i, s, t, full_end, hi, q_abs, offs_n, qk_scale, TILE)
-        pb = p.to(dt)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        r = warpgroup_mma(gl.convert_layout(pb, gl.DotOperandLayout(0, mma_l, 2)), ones_s, zl, use_acc=False,
-                          is_async=True)
-        mbarrier.wait(full_v.index(st), ph)
-        acc = warpgroup_mma(gl.convert_layout(pb, gl.DotOperandLayout(0, mma_o, 2)), v_s.index(st), acc,
-                            is_async=True)
-        r, acc = warpgroup_mma_wait(0, deps=[r, acc])
-        mbarrier.arrive(empty.index(st), count=1)   # this head has read K(t) and V(t)
-        l_i = l_i * gl.convert_layout(alpha, row_l) + gl.max(r, 1)
-        m_i = m_new
-        if ((t + 1) % TPS == 0) | (t + 1 == n):
-            M, L, ACC = _g_merge(M, L, ACC, m_i, l_i, acc, row_o)
-            m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
-            l_i = gl.zeros([BM], gl.float32, row_l)
-            acc = gl.zeros([BM, D], gl.float32, mma_o)
+    if ORDER == 1:
+        pl_l: gl.constexpr = gl.DotOperandLayout(0, mma_l, 2)
+        pl_o: gl.constexpr = gl.DotOperandLayout(0, mma_o, 2)
+        mbarrier.wait(full_k.index(0), 0)
+        s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zs, use_acc=False)
+        m_cur, p, alpha = _g_tile_p(m_i, s, 0, full_end, hi, q_abs, offs_n, qk_scale, TILE)
+        for t in range(0, n):
+            # FA3's order; slot t % STAGES (K(t), V(t)) is released once P(t) V(t) has retired
+            t1 = gl.minimum(t + 1, n - 1)   # the last tile computes a score tile it does not use
+            mbarrier.wait(full_k.index(t1 % STAGES), (t1 // STAGES) & 1)
+            s_next = warpgroup_mma(q_s, k_s.index(t1 % STAGES).permute((1, 0)), zs, use_acc=False, is_async=True)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            pb = p.to(dt)
+            r = warpgroup_mma(gl.convert_layout(pb, pl_l), ones_s, zl, use_acc=False, is_async=True)
+            mbarrier.wait(full_v.index(t % STAGES), (t // STAGES) & 1)
+            acc_t = warpgroup_mma(gl.convert_layout(pb, pl_o), v_s.index(t % STAGES), acc, is_async=True)
+            s, r = warpgroup_mma_wait(1, deps=[s_next, r])
+            l_i = l_i * gl.convert_layout(alpha, row_l) + gl.max(r, 1)
+            split_end = ((t + 1) % TPS == 0) | (t + 1 == n)
+            m_t = m_cur
+            m_from = gl.where(split_end, gl.full([BM], float("-inf"), gl.float32, row_s), m_t)
+            m_cur, p, alpha = _g_tile_p(m_from, s, t1, full_end, hi, q_abs, offs_n, qk_scale, TILE)
+            acc = warpgroup_mma_wait(0, deps=[acc_t])
+            mbarrier.arrive(empty.index(t % STAGES), count=1)
+            if split_end:
+                M, L, ACC = _g_merge(M, L, ACC, m_t, l_i, acc, row_o)
+                l_i = gl.zeros([BM], gl.float32, row_l)
+                acc = gl.zeros([BM, D], gl.float32, mma_o)
+    else:
+        for t in range(0, n):
+            st = t % STAGES
+            ph = (t // STAGES) & 1
+            mbarrier.wait(full_k.index(st), ph)
+            s = warpgroup_mma(q_s, k_s.index(st).permute((1, 0)), zs, use_acc=False)
+            m_new, p, alpha = _g_tile_p(m_i, s, t, full_end, hi, q_abs, offs_n, qk_scale, TILE)
+            pb = p.to(dt)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            r = warpgroup_mma(gl.convert_layout(pb, gl.DotOperandLayout(0, mma_l, 2)), ones_s, zl, use_acc=False,
+                              is_async=True)
+            mbarrier.wait(full_v.index(st), ph)
+            acc = warpgroup_mma(gl.convert_layout(pb, gl.DotOperandLayout(0, mma_o, 2)), v_s.index(st), acc,
+                                is_async=True)
+            r, acc = warpgroup_mma_wait(0, deps=[r, acc])
+            mbarrier.arrive(empty.index(st), count=1)   # this head has read K(t) and V(t)
+            l_i = l_i * gl.convert_layout(alpha, row_l) + gl.max(r, 1)
+            m_i = m_new
+            if ((t + 1) % TPS == 0) | (t + 1 == n):
+                M, L, ACC = _g_merge(M, L, ACC, m_i, l_i, acc, row_o)
+                m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
+                l_i = gl.zeros([BM], gl.float32, row_l)
+                acc = gl.zeros([BM, D], gl.float32, mma_o)
     offs_m = start_m + gl.arange(0, BM, layout=row_o)
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, mma_o))
     row_ok = offs_m < q_len
@@ -325,7 +366,7 @@ def _ws_producer(k_desc, v_desc, k_s, v_s, full_k, full_v, empty, kv_row, kv_col
 @gluon.jit
 def _attn_fwd_gluon_ws(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, lse_stride_h, qk_scale,
                        GROUP: gl.constexpr, D: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr,
-                       STAGES: gl.constexpr, STORE_LSE: gl.constexpr, REV: gl.constexpr):
+                       STAGES: gl.constexpr, STORE_LSE: gl.constexpr, REV: gl.constexpr, ORDER: gl.constexpr):
     """Warp-specialized: one program = 64 rows of two query heads of one kv head (GROUP even). A
     producer warp fills a K / V ring; two consumer warpgroups (the default partition and a worker) each
     run one head's rows over it, so each K / V tile is read from L2 once for both heads, and the two
@@ -365,15 +406,26 @@ def _attn_fwd_gluon_ws(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_o
         fence_async_shared()
         kv_row = q_start
         kv_col = (h0 // GROUP) * D
-        gl.warp_specialize([
-            (_ws_consumer, (q_desc, q_s0, bar_q.index(0), k_s, v_s, full_k, full_v, empty, ones_s, O, LSE, h0,
-                            q_start, q_len, start_m, hi, full_end, n, stride_ot, stride_oh, lse_stride_h, qk_scale,
-                            D, BM, TILE, TPS, STAGES, STORE_LSE)),
-            (_ws_consumer, (q_desc, q_s1, bar_q.index(1), k_s, v_s, full_k, full_v, empty, ones_s, O, LSE, h0 + 1,
-                            q_start, q_len, start_m, hi, full_end, n, stride_ot, stride_oh, lse_stride_h, qk_scale,
-                            D, BM, TILE, TPS, STAGES, STORE_LSE)),
-            (_ws_producer, (k_desc, v_desc, k_s, v_s, full_k, full_v, empty, kv_row, kv_col, n, TILE, STAGES)),
-        ], [4, 1], [REGS_CONSUMER, REGS_PRODUCER])
+        if ORDER == 1:   # one call per branch: Gluon takes the partition list only inline
+            gl.warp_specialize([
+                (_ws_consumer, (q_desc, q_s0, bar_q.index(0), k_s, v_s, full_k, full_v, empty, ones_s, O, LSE, h0,
+                                q_start, q_len, start_m, hi, full_end, n, stride_ot, stride_oh, lse_stride_h, qk_scale,
+                                D, BM, TILE, TPS, STAGES, STORE_LSE, ORDER)),
+                (_ws_consumer, (q_desc, q_s1, bar_q.index(1), k_s, v_s, full_k, full_v, empty, ones_s, O, LSE, h0 + 1,
+                                q_start, q_len, start_m, hi, full_end, n, stride_ot, stride_oh, lse_stride_h, qk_scale,
+                                D, BM, TILE, TPS, STAGES, STORE_LSE, ORDER)),
+                (_ws_producer, (k_desc, v_desc, k_s, v_s, full_k, full_v, empty, kv_row, kv_col, n, TILE, STAGES)),
+            ], [4, 1], [REGS_CONSUMER_FA3, REGS_PRODUCER_FA3])
+        else:
+            gl.warp_specialize([
+                (_ws_consumer, (q_desc, q_s0, bar_q.index(0), k_s, v_s, full_k, full_v, empty, ones_s, O, LSE, h0,
+                                q_start, q_len, start_m, hi, full_end, n, stride_ot, stride_oh, lse_stride_h, qk_scale,
+                                D, BM, TILE, TPS, STAGES, STORE_LSE, ORDER)),
+                (_ws_consumer, (q_desc, q_s1, bar_q.index(1), k_s, v_s, full_k, full_v, empty, ones_s, O, LSE, h0 + 1,
+                                q_start, q_len, start_m, hi, full_end, n, stride_ot, stride_oh, lse_stride_h, qk_scale,
+                                D, BM, TILE, TPS, STAGES, STORE_LSE, ORDER)),
+                (_ws_producer, (k_desc, v_desc, k_s, v_s, full_k, full_v, empty, kv_row, kv_col, n, TILE, STAGES)),
+            ], [4, 1], [REGS_CONSUMER, REGS_PRODUCER])
 
 
 def _desc_ok(x: torch.Tensor) -> bool:
@@ -433,7 +485,7 @@ def prefill(q, k, v, o, lse, cu_q, max_q, qk_scale, store_lse, tile, split, cfg=
                              f"{Hq // Hkv} (Hq {Hq}, Hkv {Hkv})")
         grid = ((max(int(max_q), 1) + 63) // 64, B, Hq // 2)
         _launch(_attn_fwd_gluon_ws, grid, args, dict(GROUP=Hq // Hkv, D=D, TILE=tile, TPS=split // tile,
-                                                     STAGES=cfg["k_stages"], STORE_LSE=store_lse, REV=cfg["rev"], num_warps=4,
+                                                     STAGES=cfg["k_stages"], STORE_LSE=store_lse, REV=cfg["rev"], ORDER=cfg["order"], num_warps=4,
                                                      enable_fp_fusion=False))
         return
     grid = ((max(int(max_q), 1) + bm - 1) // bm, B, Hq)
