@@ -25,7 +25,9 @@ Free knobs (``KNOBS``; no bit depends on them), defaults from the H200 sweeps in
   for the last wave);
 * ``ws`` 1: warp-specialized (a producer warp fills a K / V ring of ``k_stages`` slots, two consumer
   warpgroups run two query heads of one kv head over it, so each tile is read once for both heads),
-  each consumer in the issue order ``order`` says.
+  each consumer in the issue order ``order`` says; an odd number of query heads per kv head runs the
+  one-warpgroup program (the same bits). The defaults (ws, FA3's order, rev) are the best of the H200
+  sweep in evidence/probes/gluon/gluon_prefill_probe-tik_v5.json.
 
 K / V / Q are read through 2-D TMA descriptors over [T, H * D] (rows of a head contiguous): as in
 ``attention.py``'s TMA path, rows of a masked tile past the sequence's end hold the next sequence's
@@ -52,10 +54,10 @@ WARPS = 4
 K_STAGES = 3
 V_STAGES = 2
 ORDER = 1
-REV = 0                 # 1: query blocks launched last-first, so the longest causal rows start in the first wave
+REV = 1                 # 1: query blocks launched last-first, so the longest causal rows start in the first wave
 KNOBS = {"warps": (4, 8), "k_stages": (1, 2, 3, 4), "v_stages": (1, 2, 3, 4), "order": (0, 1), "ws": (0, 1),
          "rev": (0, 1)}
-WS = 0                  # 1: the warp-specialized program (two query heads, a producer warp), k_stages deep
+WS = 1                  # 1: the warp-specialized program (two query heads, a producer warp), k_stages deep
 # setmaxnreg of the worker consumer warpgroup and of the producer warp (Triton's order / FA3's, which
 # keeps two score tiles live); the default consumer partition gets the rest of the SM's 512 per thread
 REGS_CONSUMER = gl.constexpr(208)
@@ -471,6 +473,8 @@ def prefill(q, k, v, o, lse, cu_q, max_q, qk_scale, store_lse, tile, split, cfg=
     cfg = cfg or config()
     T, Hq, D = q.shape
     Hkv = k.shape[1]
+    if cfg["ws"] and (Hq // Hkv) % 2:   # the ws program pairs the query heads of a kv head
+        cfg = dict(cfg, ws=0)
     B = cu_q.numel() - 1
     bm = block_m(cfg)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
@@ -480,19 +484,16 @@ def prefill(q, k, v, o, lse, cu_q, max_q, qk_scale, store_lse, tile, split, cfg=
     vd = TensorDescriptor(v, [v.shape[0], Hkv * D], [v.stride(0), 1], [tile, D], lay)
     args = (qd, kd, vd, o, lse, cu_q, o.stride(0), o.stride(1), lse.stride(0) if store_lse else 0, qk_scale)
     if cfg["ws"]:
-        if (Hq // Hkv) % 2:
-            raise ValueError(f"attention_gluon: ws=1 needs an even number of query heads per kv head, got "
-                             f"{Hq // Hkv} (Hq {Hq}, Hkv {Hkv})")
         grid = ((max(int(max_q), 1) + 63) // 64, B, Hq // 2)
-        _launch(_attn_fwd_gluon_ws, grid, args, dict(GROUP=Hq // Hkv, D=D, TILE=tile, TPS=split // tile,
-                                                     STAGES=cfg["k_stages"], STORE_LSE=store_lse, REV=cfg["rev"], ORDER=cfg["order"], num_warps=4,
-                                                     enable_fp_fusion=False))
+        _launch(_attn_fwd_gluon_ws, grid, args,
+                dict(GROUP=Hq // Hkv, D=D, TILE=tile, TPS=split // tile, STAGES=cfg["k_stages"], STORE_LSE=store_lse,
+                     REV=cfg["rev"], ORDER=cfg["order"], num_warps=4, enable_fp_fusion=False))
         return
     grid = ((max(int(max_q), 1) + bm - 1) // bm, B, Hq)
     _launch(_attn_fwd_gluon, grid, args,
             dict(GROUP=Hq // Hkv, D=D, BM=bm, TILE=tile, TPS=split // tile, KSTAGES=cfg["k_stages"],
-                 VSTAGES=cfg["v_stages"], ORDER=cfg["order"], STORE_LSE=store_lse, REV=cfg["rev"], num_warps=cfg["warps"],
-                 enable_fp_fusion=False))
+                 VSTAGES=cfg["v_stages"], ORDER=cfg["order"], STORE_LSE=store_lse, REV=cfg["rev"],
+                 num_warps=cfg["warps"], enable_fp_fusion=False))
 
 
 def _launch(fn, grid, args, kw):

@@ -53,36 +53,37 @@ def test_tik_v4_gluon_prefill_compiles_for_sm90(tmp_path):
 def test_tik_v5_fa3_order_and_wide_tile_compile_for_sm90(tmp_path):
     out = tmp_path / "g.json"
     r = run_script("compile_gluon_sm90", "--impl", os.path.join(ROOT, "tik_v5"), "--json", str(out),
-                   "--configs", "order=0;v_stages=3;warps=8,rev=1;order=0,tile=128;"
-                   "warps=8,k_stages=2,order=0,tile=128;tile=128;ws=1;ws=1,order=0", timeout=600)
+                   "--configs", "ws=0;ws=0,order=0;ws=0,v_stages=3;ws=0,warps=8,rev=0;ws=0,order=0,tile=128;"
+                   "ws=0,warps=8,k_stages=2,order=0,tile=128;ws=0,tile=128;ws=1,order=0", timeout=600)
     # the one failure is FA3's order at the 128-key tile: two score tiles, P and the accumulators do not fit
     # 255 registers, and the script says it spills
-    assert r.returncode == 1 and r.stdout.count("FAIL") == 1 and "t128 w4 k3 v2 o1 ws0" in r.stdout, \
+    assert r.returncode == 1 and r.stdout.count("FAIL") == 1 and "t128 w4 k3 v2 o1 ws0 r1" in r.stdout, \
         r.stdout[-2000:] + r.stderr[-2000:]
     v = json.loads(out.read_text())["variants"]
     c = [(x["tile"], x["config"]["warps"], x["config"]["order"], x["config"]["v_stages"], x["config"]["ws"])
          for x in v[7:]]
-    assert c == [(64, 4, 1, 2, 0), (64, 4, 0, 2, 0), (64, 4, 1, 3, 0), (64, 8, 1, 2, 0), (128, 4, 0, 2, 0),
-                 (128, 8, 0, 2, 0), (128, 4, 1, 2, 0), (64, 4, 1, 2, 1), (64, 4, 0, 2, 1)]
-    assert v[13]["spill_bytes"] > 0
-    ok = v[:13] + v[14:]
+    # the defaults (v[:8]) are the warp-specialized program in FA3's order
+    assert c == [(64, 4, 1, 2, 1), (64, 4, 1, 2, 0), (64, 4, 0, 2, 0), (64, 4, 1, 3, 0), (64, 8, 1, 2, 0),
+                 (128, 4, 0, 2, 0), (128, 8, 0, 2, 0), (128, 4, 1, 2, 0), (64, 4, 0, 2, 1)]
+    assert v[14]["spill_bytes"] > 0
+    ok = v[:14] + v[15:]
     assert all(x["spill_bytes"] == 0 and x["fma_f32"] == 0 and x["tma"] and x["wgmma"] and not x["serialized_wgmma"]
                for x in ok), ok
     # FA3's order keeps P(t) V(t) in flight under the next softmax (wgmma.wait_group 1; in both consumers
     # of the warp-specialized program) and ptxas does not serialize it; Triton's order waits for every MMA
-    assert all(x["wgmma_wait_1"] >= 1 for x in v[:8] + v[9:11]) and v[14]["wgmma_wait_1"] >= 2
-    assert all(x["wgmma_wait_1"] == 0 for x in [v[8]] + v[11:13] + [v[15]])
+    assert all(x["wgmma_wait_1"] >= 2 for x in v[:8]) and all(x["wgmma_wait_1"] >= 1 for x in [v[8]] + v[10:12])
+    assert all(x["wgmma_wait_1"] == 0 for x in [v[9]] + v[12:14] + [v[15]])
     # programs per SM (the SM's 228 KiB, 1 KiB reserved per program; 64K registers): two with a 2-deep V
     # ring at the 64-key tile, one with a 3-deep ring (D 128) or at 128
     def fits_two(x):
         return 2 * 128 * x["regs"] <= 65536 and 2 * (x["smem"] + 1024) <= 233472
-    assert fits_two(v[7]) and fits_two(v[8]) and not fits_two(v[9]) and not fits_two(v[11])
-    assert v[12]["smem"] + 1024 <= 233472
+    assert fits_two(v[8]) and fits_two(v[9]) and not fits_two(v[10]) and not fits_two(v[12])
+    assert v[13]["smem"] + 1024 <= 233472
     # the warp-specialized programs: 3 warp groups whose registers after setmaxnreg fit the SM, more for
     # FA3's consumers
-    for ws in v[14:]:
+    for ws in v[:8] + [v[15]]:
         assert ws["warps"] == 12 and 128 * (max(ws["setmaxnreg_inc"]) + sum(ws["worker_regs"])) <= 65536, ws
-    assert v[14]["worker_regs"][0] > v[15]["worker_regs"][0]
+    assert v[7]["worker_regs"][0] > v[15]["worker_regs"][0]
 
 
 def test_cpu_runs_tik_v2_kernel_with_its_bits(mods):
@@ -103,9 +104,9 @@ def test_cpu_runs_tik_v2_kernel_with_its_bits(mods):
 
 def test_gluon_knobs_are_checked(mods):
     g = mods[1]
-    assert {k: g.config()[k] for k in ("warps", "k_stages", "ws")} == {"warps": 4, "k_stages": 3, "ws": 0}
+    assert {k: g.config()[k] for k in ("warps", "k_stages", "v_stages")} == {"warps": 4, "k_stages": 3, "v_stages": 2}
     assert g.block_m(g.config(ws=1, warps=8)) == 64
-    assert g.block_m(g.config(warps=8)) == 128
+    assert g.block_m(g.config(ws=0, warps=8)) == 128
     with pytest.raises(ValueError, match="unknown knob"):
         g.config(stages=3)
     with pytest.raises(ValueError, match=r"warps=6; expected one of \(4, 8\)"):
