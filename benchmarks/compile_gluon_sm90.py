@@ -41,6 +41,26 @@ def _load(impl: str):
     return importlib.import_module("_tik_gluon_sm90.attention_gluon")
 
 
+TILES = (64, 128)   # the contract's ATTN_KV_TILE and its coupled alternative
+
+
+def parse_knob_sets(text: str, g) -> list[tuple[dict, int]]:
+    """``'warps=8,k_stages=3;order=1,tile=128'`` -> [(knobs checked by attention_gluon.config, tile)]; the
+    ``--configs`` syntax of this script and of benchmarks/probes/gluon_prefill_probe.py."""
+    out = []
+    for c in [c for c in text.split(";") if c]:
+        try:
+            kv = dict((x.split("=")[0], int(x.split("=")[1])) for x in c.split(","))
+        except (ValueError, IndexError):
+            raise ValueError(f"{c!r} is not knob=value,... (knobs {sorted(g.KNOBS)} and tile)")
+        tile = kv.pop("tile", 64)
+        if tile not in TILES:
+            raise ValueError(f"tile={tile}; expected one of {TILES}")
+        g.config(**kv)
+        out.append((kv, tile))
+    return out
+
+
 def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None, tile: int = 64) -> dict:
     import torch
     import triton
@@ -125,16 +145,9 @@ def main(argv=None) -> int:
 
     g = _load(args.impl)
     try:
-        sweep = []
-        for c in [c for c in args.configs.split(";") if c]:
-            kv = dict((x.split("=")[0], int(x.split("=")[1])) for x in c.split(","))
-            tile = kv.pop("tile", 64)
-            if tile not in (64, 128):
-                raise ValueError(f"tile={tile}: expected 64 or 128")
-            sweep.append((g.config(**kv), tile))
-    except (ValueError, IndexError) as e:
-        ap.error(f"--configs: {e} (expected 'warps=8,k_stages=3;order=1;order=1,tile=128', knobs "
-                 f"{sorted(g.KNOBS)} and tile)")
+        sweep = [(g.config(**kv), tile) for kv, tile in parse_knob_sets(args.configs, g)]
+    except ValueError as e:
+        ap.error(f"--configs: {e} (expected e.g. 'warps=8,k_stages=3;order=1;order=1,tile=128')")
     cases = [(d, dt, lse, None, 64) for d in g.HEAD_DIMS for dt in g.DTYPES for lse in (False, True)]
     cases += [(128, torch.bfloat16, True, c, t) for c, t in sweep]
     res, bad = [], 0

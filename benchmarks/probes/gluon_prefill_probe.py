@@ -40,18 +40,14 @@ def _mods():
 
 
 def parse_configs(text: str, g) -> list[dict]:
-    """``'warps=8,k_stages=3;order=1;tile=128'`` -> knob dicts checked by attention_gluon.config (``tile``
-    beside them: 64, the contract's, or 128); '' -> [defaults]."""
-    out = []
-    for c in [c for c in text.split(";") if c]:
-        try:
-            kv = dict((x.split("=")[0], int(x.split("=")[1])) for x in c.split(","))
-        except (ValueError, IndexError):
-            raise ValueError(f"--configs: {c!r} is not knob=value,... (knobs {sorted(g.KNOBS)} and tile)")
-        if kv.get("tile", 64) not in (64, 128):
-            raise ValueError(f"--configs: tile={kv['tile']}; expected 64 or 128")
-        g.config(**_knobs(kv))
-        out.append(kv)
+    """``'warps=8,k_stages=3;order=1;tile=128'`` -> knob dicts (``tile`` beside the knobs where it is not
+    the contract's 64), parsed by compile_gluon_sm90.parse_knob_sets; '' -> [defaults]."""
+    from benchmarks.compile_gluon_sm90 import parse_knob_sets
+
+    try:
+        out = [dict(kv, **({} if tile == 64 else {"tile": tile})) for kv, tile in parse_knob_sets(text, g)]
+    except ValueError as e:
+        raise ValueError(f"--configs: {e}")
     names = [_name(kv, g) for kv in out]
     if len(set(names)) != len(names):
         raise ValueError(f"--configs: two knob sets name the same configuration ({names})")
