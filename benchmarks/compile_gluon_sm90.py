@@ -79,14 +79,19 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None, tile: 
     ptr = "*bf16" if dtype == torch.bfloat16 else "*fp16"
     sig = {"q_desc": qdesc, "k_desc": desc, "v_desc": desc, "O": ptr, "LSE": "*fp32", "cu_q": "*i32",
            "stride_ot": "i32", "stride_oh": "i32", "lse_stride_h": "i32", "qk_scale": "fp32"}
-    if cfg["ws"]:
+    if cfg["ws"] and hasattr(g, "_attn_fwd_gluon_wsp"):   # the work-item program (persistent or not: same code)
+        fn, warps = g._attn_fwd_gluon_wsp, 4
+        sig.update({k: "i32" for k in ("W", "G", "SEC", "NMB", "HP")})
+        cx = {"GROUP": 4, "D": d, "TILE": tile, "TPS": 512 // tile, "STAGES": cfg["k_stages"], "STORE_LSE": lse,
+              "REV": cfg["rev"], "PP": cfg["pp"]}
+    elif cfg["ws"]:
         fn, warps = g._attn_fwd_gluon_ws, 4
         cx = {"GROUP": 4, "D": d, "TILE": tile, "TPS": 512 // tile, "STAGES": cfg["k_stages"], "STORE_LSE": lse}
     else:
         fn, warps = g._attn_fwd_gluon, cfg["warps"]
         cx = {"GROUP": 4, "D": d, "BM": bm, "TILE": tile, "TPS": 512 // tile, "KSTAGES": cfg["k_stages"],
               "VSTAGES": cfg["v_stages"], "ORDER": cfg["order"], "STORE_LSE": lse}
-    if "rev" in cfg:   # implementations with the launch-order knob (and FA3's order in the ws program)
+    if "rev" in cfg and "PP" not in cx:   # the launch-order knob (and FA3's order in tik_v5's ws program)
         cx["REV"] = cfg["rev"]
         if cfg["ws"]:
             cx["ORDER"] = cfg["order"]
@@ -158,7 +163,8 @@ def main(argv=None) -> int:
         res.append(r)
         c = r["config"]
         print(f"{'FAIL' if f else 'ok  '} D {d:3d} {r['dtype']:8s} lse {lse!s:5s} t{tile} w{c['warps']} k{c['k_stages']} "
-              f"v{c['v_stages']} o{c['order']} ws{c['ws']} r{c.get('rev', 0)} regs {r['regs']} spill {r['spill_bytes']} smem {r['smem']} "
+              f"v{c['v_stages']} o{c['order']} ws{c['ws']} r{c.get('rev', 0)}"
+              + (f" p{c['persist']} pp{c['pp']}" if "pp" in c else "") + f" regs {r['regs']} spill {r['spill_bytes']} smem {r['smem']} "
               f"wait1 {r['wgmma_wait_1']} ex2 {r['ex2']}" + (f"  ({'; '.join(f)})" if f else ""))
     if args.json:
         with open(args.json, "w") as fh:

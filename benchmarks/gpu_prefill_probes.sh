@@ -7,7 +7,8 @@
 #   3. Nsight Compute of the selected prefill (attention_varlen) against cuDNN SDPA on the same shapes:
 #      details page and per-SASS-line stall samples of our kernel.
 #   bash benchmarks/gpu_prefill_probes.sh [CASES]     (CASES: ncu_probe.py --cases, prefill:B:L,...)
-#   STEPS="wgmma gluon ncu" (default: all three); GLUON_IMPL, GLUON_CONFIGS: gluon_prefill_probe.py --impl, --configs.
+#   STEPS="wgmma gluon ncu" (default: all three); GLUON_IMPL, GLUON_CONFIGS, GLUON_GUARD_S: gluon_prefill_probe.py
+#   --impl, --configs, --guard-s (each knob set first alone in a child process with that limit: a hang drops it).
 #   Everything is also packed into $OUT/prefill_probes.tgz (the device returns a limited number of files).
 set -uo pipefail  # each step reports its own failure; a hung kernel is cut by its timeout
 cd "$(dirname "$0")/.."
@@ -31,7 +32,8 @@ done
 if [[ $STEPS == *" gluon "* ]]; then
   echo "== gluon prefill probe ($GLUON_IMPL vs tik_v2 bits and time, cuDNN beside; configs: ${GLUON_CONFIGS:-defaults})"
   timeout "${PROBE_TIMEOUT:-400}" python3 benchmarks/probes/gluon_prefill_probe.py --impl "$GLUON_IMPL" --configs "${GLUON_CONFIGS:-}" \
-    --json "$OUT/$gname.json" >"$OUT/$gname.log" 2>&1 || echo "gluon prefill probe failed: $(tail -5 "$OUT/$gname.log")"
+    --guard-s "${GLUON_GUARD_S:-0}" --json "$OUT/$gname.json" >"$OUT/$gname.log" 2>&1 \
+    || echo "gluon prefill probe failed: $(tail -5 "$OUT/$gname.log")"
 fi
 
 name=ncu_prefill-$IMPL

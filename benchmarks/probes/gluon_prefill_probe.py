@@ -25,6 +25,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BIT_LENS = (1, 17, 70, 33, 511, 513, 1000, 2049)
 CELLS = ((1, 1024), (1, 4096), (1, 8192), (4, 1024), (4, 4096), (4, 8192), (8, 1024), (8, 4096), (16, 1024),
          (16, 4096))
+# one packed batch of RL-rollout-like lengths (prompt + response, 96..2047 tokens; 32 sequences, 32 235 tokens):
+# the work per query block differs across sequences, which the equal-length cells never show
+VARLEN_LENS = (1181, 412, 1910, 733, 96, 1544, 1023, 688, 2047, 301, 1377, 859, 150, 1766, 940, 1205, 517, 1630,
+               264, 1098, 1451, 775, 2001, 349, 1289, 606, 1832, 128, 997, 1500, 457, 1109)
 
 
 IMPL = "tik_v4"
@@ -65,6 +69,8 @@ def _tile(kv: dict) -> int:
 def _name(kv: dict, g) -> str:
     c = g.config(**_knobs(kv))
     t = ("" if _tile(kv) == 64 else f"t{_tile(kv)}") + ("r" if c.get("rev") else "")
+    if c["ws"] and "pp" in c:   # the work-item program: persistent or not, ping-pong or not
+        return f"ws-k{c['k_stages']}{t}-p{c['persist']}pp{c['pp']}"
     if c["ws"]:
         return f"ws-k{c['k_stages']}o{c['order']}{t}"
     return f"w{c['warps']}k{c['k_stages']}v{c['v_stages']}o{c['order']}{t}"
@@ -141,37 +147,46 @@ def time_cells(torch, F, iters, configs):
     a4, g4, a2 = _mods()
     hq, hkv, d = 32, 8, 128
     res = []
-    for B, n in CELLS:
-        torch.manual_seed(B * n)
-        q = torch.randn(B * n, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(B * n, hkv, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(B * n, hkv, d, device="cuda", dtype=torch.bfloat16)
-        cu = torch.arange(0, B + 1, device="cuda", dtype=torch.int32) * n
-        q4, k4, v4 = (t.view(B, n, -1, d).transpose(1, 2).contiguous() for t in (q, k, v))
+    for name, lens in [(f"prefill_b{B}_L{n}", [n] * B) for B, n in CELLS] + [("prefill_varlen", list(VARLEN_LENS))]:
+        B, n = len(lens), max(lens)
+        T = sum(lens)
+        torch.manual_seed(T)
+        q = torch.randn(T, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(T, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(T, hkv, d, device="cuda", dtype=torch.bfloat16)
+        cu = torch.zeros(B + 1, device="cuda", dtype=torch.int32)
+        cu[1:] = torch.tensor(lens, device="cuda").cumsum(0)
         scale = d ** -0.5
-
-        def cudnn():
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
-
         t2 = _time(torch, lambda: a2.prefill(q, k, v, cu, n, scale), iters)
-        tc = _time(torch, cudnn, iters)
-        flops = 4 * B * hq * d * n * n / 2
+        flops = sum(4 * hq * d * x * x / 2 for x in lens)
+        tc = None
+        if len(set(lens)) == 1:   # cuDNN SDPA on [B, H, L, D]; the varlen cell has tik_v2 as its reference
+            q4, k4, v4 = (t.view(B, n, -1, d).transpose(1, 2).contiguous() for t in (q, k, v))
+
+            def cudnn():
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    return F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
+
+            tc = _time(torch, cudnn, iters)
+            del q4, k4, v4
+        base = tc if tc is not None else t2
         refs = {t: _ref(a4, a2, q, k, v, cu, n, scale, t).view(torch.int16) for t in {_tile(kv) for kv in configs}}
-        row = {"cell": f"prefill_b{B}_L{n}", "tik_v2_us": round(t2, 2), "cudnn_us": round(tc, 2),
-               "v2_vs_cudnn": round(tc / t2, 3), "cudnn_tflops": round(flops / tc / 1e6, 1), IMPL: {}}
+        row = {"cell": name, "lens": lens if tc is None else None, "tik_v2_us": round(t2, 2),
+               "cudnn_us": None if tc is None else round(tc, 2), "v2_vs_cudnn": None if tc is None else round(tc / t2, 3),
+               "cudnn_tflops": None if tc is None else round(flops / tc / 1e6, 1), IMPL: {}}
         for t in sorted(refs):
             if t != 64:  # the implementation's Triton kernel at this tile (the reference bits)
                 tt = _time(torch, lambda: a4.prefill(q, k, v, cu, n, scale, tile=t, gluon=False), iters)
-                row[f"triton_t{t}"] = {"us": round(tt, 2), "vs_cudnn": round(tc / tt, 3)}
+                row[f"triton_t{t}"] = {"us": round(tt, 2), "vs_cudnn": round(base / tt, 3)}
         for kv in configs:
             t4 = _time(torch, lambda: _run(a4, q, k, v, cu, n, scale, kv), iters)
             same = torch.equal(_run(a4, q, k, v, cu, n, scale, kv).view(torch.int16), refs[_tile(kv)])
+            # vs_cudnn: cuDNN's time / ours; in the varlen cell tik_v2's time / ours (no cuDNN run)
             row[IMPL][_name(kv, g4)] = {"us": round(t4, 2), "over_v2": round(t2 / t4, 3),
-                                        "vs_cudnn": round(tc / t4, 3), "tflops": round(flops / t4 / 1e6, 1),
+                                        "vs_cudnn": round(base / t4, 3), "tflops": round(flops / t4 / 1e6, 1),
                                         "bits_equal": bool(same)}
         res.append(row)
-        del q, k, v, q4, k4, v4
+        del q, k, v
     return res
 
 
@@ -182,6 +197,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--configs", default="", help="';'-separated attention_gluon knob sets, each "
                     "'knob=value,...', tile=128 beside the knobs (default: the defaults only)")
+    ap.add_argument("--guard-s", type=float, default=0.0,
+                    help="first run each knob set alone on one small batch in a child process with this limit; "
+                         "a set that hangs (an mbarrier protocol that never completes) or fails is dropped and "
+                         "reported, so it cannot take the rest of the probe with it (0: no guard)")
+    ap.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)   # the guard's child
     args = ap.parse_args(argv)
     global IMPL
     if not os.path.isfile(os.path.join(ROOT, "kernels", args.impl, "attention_gluon.py")):
@@ -189,6 +209,8 @@ def main(argv=None) -> int:
     IMPL = args.impl
     if args.iters < 1:
         ap.error(f"--iters: expected >= 1, got {args.iters}")
+    if args.guard_s < 0:
+        ap.error(f"--guard-s: expected >= 0, got {args.guard_s}")
     sys.path.insert(0, ROOT)
     try:
         configs = parse_configs(args.configs, _mods()[1])
@@ -206,6 +228,15 @@ def main(argv=None) -> int:
     import triton
 
     res["triton"] = triton.__version__
+    if args.smoke:
+        return smoke(torch, configs)
+    if args.guard_s:
+        res["guard"] = guard(configs, args.guard_s)
+        configs = [kv for kv, g in zip(configs, res["guard"]) if g["status"] == "ok"]
+        if not configs:
+            print(json.dumps(res, indent=1))
+            print("gluon_prefill_probe: every knob set failed its guard run", file=sys.stderr)
+            return 1
     res["configs"] = [_name(kv, _mods()[1]) for kv in configs]
     res["bits"] = bit_cases(torch, configs)
     res["cells"] = time_cells(torch, F, args.iters, configs)
@@ -220,24 +251,71 @@ def main(argv=None) -> int:
               f"{c['out_bits_equal']},{c['lse_bits_equal']},{c['out_no_lse_bits_equal']} rows {c['rows_differing']}")
     names = res["configs"]
     tri = sorted({k for c in res["cells"] for k in c if k.startswith("triton_t")})
+    for g in res.get("guard", []):
+        if g["status"] != "ok":
+            print(f"dropped {g['config']}: {g['status']} ({g['tail'][-200:]!r})")
     print(f"{'cell':18s} {'v2 us':>8s} {'cudnn':>8s} {'v2/cud':>6s} " + " ".join(f"{n:>11s}" for n in tri + names)
-          + f"   ({IMPL} config: cuDNN us / its us, * = bits differ)")
+          + f"   ({IMPL} config: cuDNN us / its us, * = bits differ; prefill_varlen: tik_v2 us / its us)")
     geo = {n: 1.0 for n in tri + names}
     g2 = 1.0
+    k = 0
     for c in res["cells"]:
-        g2 *= c["v2_vs_cudnn"]
+        eq = c["cudnn_us"] is not None   # the varlen cell has no cuDNN run and stays out of the geomean
+        if eq:
+            g2 *= c["v2_vs_cudnn"]
+            k += 1
         cells = []
         for n in tri:
-            geo[n] *= c[n]["vs_cudnn"]
+            geo[n] *= c[n]["vs_cudnn"] if eq else 1.0
             cells.append(f"{c[n]['vs_cudnn']:10.3f} ")
         for n in names:
             r = c[IMPL][n]
-            geo[n] *= r["vs_cudnn"]
+            geo[n] *= r["vs_cudnn"] if eq else 1.0
             cells.append(f"{r['vs_cudnn']:10.3f}{'' if r['bits_equal'] else '*'}")
-        print(f"{c['cell']:18s} {c['tik_v2_us']:8.1f} {c['cudnn_us']:8.1f} {c['v2_vs_cudnn']:6.3f} " + " ".join(cells))
-    k = len(res["cells"])
+        cud = f"{c['cudnn_us']:8.1f} {c['v2_vs_cudnn']:6.3f}" if eq else f"{'-':>8s} {'-':>6s}"
+        print(f"{c['cell']:18s} {c['tik_v2_us']:8.1f} {cud} " + " ".join(cells))
     print(f"{'geomean vs cuDNN':18s} {'':8s} {'':8s} {g2 ** (1 / k):6.3f} " + " ".join(f"{geo[n] ** (1 / k):11.3f}" for n in tri + names))
     return 0
+
+
+def _config_text(kv: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in kv.items())
+
+
+def smoke(torch, configs) -> int:
+    """The guard's child: each knob set once on a small packed batch (lengths 1, 70, 513), with and without
+    the LSE, synchronized; prints whether the output has tik_v2's bits."""
+    a4, g4, a2 = _mods()
+    lens = (1, 70, 513)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens).cumsum(0)
+    cu = cu.cuda()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(sum(lens), h, 128, device="cuda", dtype=torch.bfloat16) for h in (32, 8, 8))
+    for kv in configs:
+        o, lse = _run(a4, q, k, v, cu, max(lens), 128 ** -0.5, kv, return_lse=True)
+        o2 = _ref(a4, a2, q, k, v, cu, max(lens), 128 ** -0.5, _tile(kv))
+        torch.cuda.synchronize()
+        print(f"smoke {_name(kv, g4)}: bits equal {torch.equal(o.view(torch.int16), o2.view(torch.int16))}")
+    return 0
+
+
+def guard(configs, limit_s: float) -> list[dict]:
+    """Each knob set in a child process (``--smoke``) with a wall-clock limit: status ok / timeout / error."""
+    import subprocess
+
+    g = _mods()[1]
+    out = []
+    for kv in configs:
+        cmd = [sys.executable, os.path.abspath(__file__), "--impl", IMPL, "--configs", _config_text(kv), "--smoke"]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, cwd=ROOT)
+            status, tail = ("ok" if r.returncode == 0 else f"error (exit {r.returncode})"), (r.stdout + r.stderr)[-600:]
+        except subprocess.TimeoutExpired as e:
+            status, tail = f"timeout ({limit_s:.0f} s)", str((e.stdout or b"")[-600:])
+        out.append({"config": _name(kv, g), "status": status, "tail": tail})
+        print(f"guard {_name(kv, g)}: {status}", flush=True)
+    return out
 
 
 if __name__ == "__main__":

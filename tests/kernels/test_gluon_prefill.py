@@ -1,5 +1,6 @@
-"""kernels/tik_v4 and tik_v5: tik_v2 with the sm_90 packed prefill in Gluon (attention_gluon.py, explicit
-async wgmma; tik_v5 with FA3's issue order and the coupled 128-key tile admitted for benchmarks).
+"""kernels/tik_v4, tik_v5 and tik_v6: tik_v2 with the sm_90 packed prefill in Gluon (attention_gluon.py, explicit
+async wgmma; tik_v5 with FA3's issue order and the coupled 128-key tile admitted for benchmarks; tik_v6 with the
+warp-specialized program over work items: persistent, ping-pong between its consumers).
 Gluon has no CPU interpreter, so here: the Gluon kernel compiles for sm_90 with no spills for every head
 dim / dtype / LSE variant ``applies`` admits and for the knob sets the H200 probes sweep; on the CPU both
 run tik_v2's kernel and give its bits. Their bits on the H200: benchmarks/probes/gluon_prefill_probe.py
@@ -19,7 +20,7 @@ from tests.helpers.scripts import ptxas_available, run_script
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "kernels")
 
 
-@pytest.fixture(scope="module", params=["tik_v4", "tik_v5"])
+@pytest.fixture(scope="module", params=["tik_v4", "tik_v5", "tik_v6"])
 def mods(request):
     imp = loader.load_implementation(os.path.join(ROOT, request.param))
     return imp.module("attention"), imp.module("attention_gluon"), \
@@ -111,3 +112,73 @@ def test_gluon_knobs_are_checked(mods):
         g.config(stages=3)
     with pytest.raises(ValueError, match=r"warps=6; expected one of \(4, 8\)"):
         g.config(warps=6)
+
+
+@pytest.mark.skipif(not ptxas_available(), reason="triton's bundled ptxas not found")
+def test_tik_v6_work_item_program_compiles_for_sm90(tmp_path):
+    out = tmp_path / "g.json"
+    r = run_script("compile_gluon_sm90", "--impl", os.path.join(ROOT, "tik_v6"), "--json", str(out),
+                   "--configs", "pp=0;k_stages=2", timeout=600)
+    assert r.returncode == 0 and "0 failure(s)" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    v = json.loads(out.read_text())["variants"]
+    assert [(x["config"]["ws"], x["config"]["persist"], x["config"]["pp"], x["config"]["k_stages"]) for x in v] == \
+        [(1, 1, 1, 3)] * 8 + [(1, 1, 0, 3), (1, 1, 1, 2)]
+    for x in v:
+        # no spill, contraction off, TMA + wgmma, FA3's order in both consumers (an MMA left in flight), and
+        # 3 warp groups whose registers after setmaxnreg fit the SM
+        assert x["spill_bytes"] == 0 and x["fma_f32"] == 0 and x["tma"] and x["wgmma"] and not x["serialized_wgmma"], x
+        assert x["wgmma_wait_1"] >= 2, x
+        assert x["warps"] == 12 and 128 * (max(x["setmaxnreg_inc"]) + sum(x["worker_regs"])) <= 65536, x
+        assert x["smem"] + 1024 <= 233472, x
+
+
+def _v6():
+    return loader.load_implementation(os.path.join(ROOT, "tik_v6")).module("attention_gluon")
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,L,persist", [(4, 32, 8, 8192, 1), (16, 32, 8, 1024, 1), (1, 12, 2, 4096, 1),
+                                                (3, 8, 2, 1000, 1), (64, 32, 4, 300, 1), (2, 32, 8, 129, 0),
+                                                (1, 2, 1, 1, 1)])
+def test_tik_v6_work_items_cover_every_block_once(B, Hq, Hkv, L, persist):
+    """The kernel's own scheduling functions (plain integer arithmetic, run as Python here): over every
+    program's rounds, each (query block, sequence, head pair) is one item exactly once; inside a section
+    the longest causal blocks come first; sections keep their K / V within half of L2."""
+    g = _v6()
+    sms, l2 = 132, 50 * 2 ** 20
+    s = g.ws_schedule(B, Hq, Hkv, L, 128, 2, sms, l2, persist)
+    W, G, SEC, NMB, HP, P = (s[k] for k in ("W", "G", "SEC", "NMB", "HP", "P"))
+    assert (W, G, NMB, HP) == (-(-L // 64) * B * Hq // 2, B * Hq // 2, -(-L // 64), Hq // 2)
+    assert P == (min(W, sms) if persist else W)
+    assert SEC >= 1 and (SEC == G or SEC * (L * 128 * 2 * 2) // max(1, Hq // Hkv // 2) <= l2 // 2)
+    seen, load = {}, [0] * P
+    for p in range(P):
+        for k in range(-(-W // P)):
+            w = g._wsp_work.fn(k, P, p)
+            if w < W:
+                item = g._wsp_item.fn(w, G, SEC, NMB, HP, True)
+                assert item not in seen, (item, w, seen.get(item))
+                seen[item] = w
+                load[p] += item[0] + 1
+    assert sorted(seen) == [(mb, b, hp) for mb in range(NMB) for b in range(B) for hp in range(HP)]
+    for (mb, b, hp), w in seen.items():
+        sec = w // (SEC * NMB)
+        assert sec == (b * HP + hp) // SEC   # a group stays in its section
+    by_w = [item for item, _ in sorted(seen.items(), key=lambda x: x[1])]
+    for sec in range(-(-G // SEC)):   # inside a section: query blocks last-first
+        blocks = [mb for (mb, b, hp) in by_w if (b * HP + hp) // SEC == sec]
+        assert blocks == sorted(blocks, reverse=True)
+    if persist and W >= 30 * P:   # many items per program: snake dealing keeps the programs' work within 5 %
+        assert max(load) <= 1.05 * sum(load) / P, max(load) * P / sum(load)
+
+
+def test_tik_v6_knobs_are_checked():
+    g = _v6()
+    c = g.config()
+    assert (c["ws"], c["persist"], c["pp"], c["order"], c["k_stages"]) == (1, 1, 1, 1, 3)
+    assert g.config(ws=0, order=0, k_stages=1)["ws"] == 0
+    with pytest.raises(ValueError, match=r"ws=1 runs FA3's order .*got order=0, k_stages=3"):
+        g.config(order=0)
+    with pytest.raises(ValueError, match=r"expected order=1 and k_stages >= 2, got order=1, k_stages=1"):
+        g.config(k_stages=1)
+    with pytest.raises(ValueError, match=r"pp=2; expected one of \(0, 1\)"):
+        g.config(pp=2)
