@@ -81,9 +81,9 @@ def compile_variant(g, d: int, dtype, lse: bool, cfg: dict | None = None, tile: 
            "stride_ot": "i32", "stride_oh": "i32", "lse_stride_h": "i32", "qk_scale": "fp32"}
     if cfg["ws"] and hasattr(g, "_attn_fwd_gluon_wsp"):   # the work-item program (persistent or not: same code)
         fn, warps = g._attn_fwd_gluon_wsp, 4
-        sig.update({k: "i32" for k in ("W", "G", "SEC", "NMB", "HP")})
+        sig.update({"sched": "*i32", "W": "i32", "G": "i32", "SEC": "i32", "NMB": "i32", "HP": "i32"})
         cx = {"GROUP": 4, "D": d, "TILE": tile, "TPS": 512 // tile, "STAGES": cfg["k_stages"], "STORE_LSE": lse,
-              "REV": cfg["rev"], "PP": cfg["pp"]}
+              "REV": cfg["rev"], "PP": cfg["pp"], "DYN": cfg["persist"] == 2}
     elif cfg["ws"]:
         fn, warps = g._attn_fwd_gluon_ws, 4
         cx = {"GROUP": 4, "D": d, "TILE": tile, "TPS": 512 // tile, "STAGES": cfg["k_stages"], "STORE_LSE": lse}

@@ -31,8 +31,12 @@ and contract evidence exist:
   In tik_v5's H200 profile (evidence/probes/ncu/ncu_prefill-tik_v5.txt) this program ran one CTA per
   SM (133 KB of shared memory), and at b16 L1024 about 6 us per CTA went to its prologue and epilogue
   (15.5 us per CTA for 8.5 tile pairs of ~1.1 us each), with nothing else on the SM to cover them;
-* ``persist`` 1 (ws): one program per SM walks its work items; the producer loads the next item's Q and
-  first K / V tiles while the consumers finish the current one. 0: one program per item;
+* ``persist`` (ws): 2, one program per SM takes work items from a counter in order (the longest blocks
+  first; a program that drew short or empty items takes more), and its producer loads the next item's Q
+  and first K / V tiles while the consumers finish the current one; 1, the same with the items dealt in
+  rounds, which balances equal-length batches (max / mean work 1.02-1.03 at b4 L8192, b16 L1024) but not
+  packed varlen ones (1.16-1.30 on RL-like lengths, where the counter gives 1.00-1.02: the CPU model in
+  tests/kernels/test_gluon_prefill.py); 0, one program per item;
 * ``pp`` 1 (ws): FA3's ping-pong: each consumer issues a tile's MMAs in its turn and passes the turn,
   so one warpgroup's softmax runs under the other's MMAs.
 
@@ -65,9 +69,9 @@ V_STAGES = 2
 ORDER = 1
 REV = 1                 # 1: query blocks launched last-first, so the longest causal rows start in the first wave
 KNOBS = {"warps": (4, 8), "k_stages": (1, 2, 3, 4), "v_stages": (1, 2, 3, 4), "order": (0, 1), "ws": (0, 1),
-         "rev": (0, 1), "persist": (0, 1), "pp": (0, 1)}
+         "rev": (0, 1), "persist": (0, 1, 2), "pp": (0, 1)}
 WS = 1                  # 1: the warp-specialized program (two query heads, a producer warp), k_stages deep
-PERSIST = 1             # ws: one program per SM over the work items (0: one program per item)
+PERSIST = 2             # ws: one program per SM taking items from a counter (1: dealt in rounds; 0: one program per item)
 PP = 1                  # ws: ping-pong between the two consumer warpgroups
 # setmaxnreg of the worker consumer warpgroup and of the producer warp (FA3's order keeps two score
 # tiles live); the default consumer partition gets the rest of the SM's 512 per thread
@@ -302,35 +306,88 @@ def _wsp_work(k, P, p):
 
 
 @gluon.jit
-def _wsp_producer(q_desc, k_desc, v_desc, q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, cu_q, W, G, SEC, NMB,
-                  HP, GROUP: gl.constexpr, D: gl.constexpr, TILE: gl.constexpr, STAGES: gl.constexpr,
-                  REV: gl.constexpr):
-    """One warp. Per work item: both heads' Q tiles, once the consumers retired the previous item's last
-    score MMA (q_free); then K(t), V(t) into ring slot c % STAGES (c: tiles loaded so far, across items)
-    once both consumers released it. So the next item's Q and first tiles load under the current item's
-    last tiles and epilogue."""
+def _wsp_fetch(sched, W):
+    """The next work item of the launch's shared counter (persist 2: items taken in order as programs free
+    up, so the longest blocks go first and a program with short or empty items takes more of them). Each
+    program ends on one fetch >= W, so the launch makes W + P fetches; the last one (W + P - 1) finds every
+    other fetch done and puts the counter back to 0 for the next launch on the stream."""
+    w = gl.atomic_add(sched, 1, sem="relaxed")   # only the counter's own order matters (one location)
+    if w == W + gl.num_programs(0) - 1:
+        gl.atomic_xchg(sched, 0, sem="relaxed")
+    return w
+
+
+@gluon.jit
+def _wsp_publish(items, item_full, item_empty, sl, w):
+    """The producer hands item ``w`` to both consumers through slot sl % 2 of a shared ring."""
+    lay: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 1], [1, 0])
+    mbarrier.wait(item_empty.index(sl % 2), ((sl // 2) & 1) ^ 1)
+    items.index(sl % 2).store(gl.zeros([1, 1], gl.int32, lay) + w)
+    mbarrier.arrive(item_full.index(sl % 2), count=1)
+
+
+@gluon.jit
+def _wsp_take(items, item_full, item_empty, sl):
+    """A consumer's next work item from slot sl % 2 (written by _wsp_publish)."""
+    lay: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
+    mbarrier.wait(item_full.index(sl % 2), (sl // 2) & 1)
+    w = gl.max(gl.max(items.index(sl % 2).load(lay), 1), 0)
+    mbarrier.arrive(item_empty.index(sl % 2), count=1)
+    return w
+
+
+@gluon.jit
+def _wsp_load_item(w, c, it, q_desc, k_desc, v_desc, q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, cu_q, G,
+                   SEC, NMB, HP, GROUP: gl.constexpr, D: gl.constexpr, TILE: gl.constexpr, STAGES: gl.constexpr,
+                   REV: gl.constexpr):
+    """The producer's loads of item ``w``: both heads' Q tiles, once the consumers retired the previous
+    item's last score MMA (q_free); then K(t), V(t) into ring slot c % STAGES (c: tiles loaded so far,
+    across items) once both consumers released it. Returns the updated (c, items loaded)."""
+    mb, b, hp = _wsp_item(w, G, SEC, NMB, HP, REV)
+    q_start = gl.load(cu_q + b)
+    q_len = gl.load(cu_q + b + 1) - q_start
+    start_m = mb * 64
+    if start_m < q_len:
+        n = gl.cdiv(gl.minimum(start_m + 64, q_len), TILE)
+        mbarrier.wait(q_free, (it & 1) ^ 1)
+        _g_load(q_desc, q_start + start_m, 2 * hp * D, bar_q.index(0), q_s.index(0))
+        _g_load(q_desc, q_start + start_m, (2 * hp + 1) * D, bar_q.index(1), q_s.index(1))
+        kv_col = (2 * hp // GROUP) * D
+        for t in range(0, n):
+            st = c % STAGES
+            mbarrier.wait(empty.index(st), ((c // STAGES) & 1) ^ 1)
+            _g_load(k_desc, q_start + t * TILE, kv_col, full_k.index(st), k_s.index(st))
+            _g_load(v_desc, q_start + t * TILE, kv_col, full_v.index(st), v_s.index(st))
+            c += 1
+        it += 1
+    return c, it
+
+
+@gluon.jit
+def _wsp_producer(q_desc, k_desc, v_desc, q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, items, item_full,
+                  item_empty, sched, cu_q, W, G, SEC, NMB, HP, GROUP: gl.constexpr, D: gl.constexpr,
+                  TILE: gl.constexpr, STAGES: gl.constexpr, REV: gl.constexpr, DYN: gl.constexpr):
+    """One warp: the loads of this program's work items in order (so the next item's Q and first tiles load
+    under the current item's last tiles and epilogue); under DYN it also takes each item from the launch's
+    counter and hands it to the consumers."""
     c = 0
     it = 0
-    for k in range(0, gl.cdiv(W, gl.num_programs(0))):
-        w = _wsp_work(k, gl.num_programs(0), gl.program_id(0))
-        if w < W:
-            mb, b, hp = _wsp_item(w, G, SEC, NMB, HP, REV)
-            q_start = gl.load(cu_q + b)
-            q_len = gl.load(cu_q + b + 1) - q_start
-            start_m = mb * 64
-            if start_m < q_len:
-                n = gl.cdiv(gl.minimum(start_m + 64, q_len), TILE)
-                mbarrier.wait(q_free, (it & 1) ^ 1)
-                _g_load(q_desc, q_start + start_m, 2 * hp * D, bar_q.index(0), q_s.index(0))
-                _g_load(q_desc, q_start + start_m, (2 * hp + 1) * D, bar_q.index(1), q_s.index(1))
-                kv_col = (2 * hp // GROUP) * D
-                for t in range(0, n):
-                    st = c % STAGES
-                    mbarrier.wait(empty.index(st), ((c // STAGES) & 1) ^ 1)
-                    _g_load(k_desc, q_start + t * TILE, kv_col, full_k.index(st), k_s.index(st))
-                    _g_load(v_desc, q_start + t * TILE, kv_col, full_v.index(st), v_s.index(st))
-                    c += 1
-                it += 1
+    if DYN:
+        sl = 0
+        w = _wsp_fetch(sched, W)
+        _wsp_publish(items, item_full, item_empty, sl, w)
+        while w < W:
+            c, it = _wsp_load_item(w, c, it, q_desc, k_desc, v_desc, q_s, bar_q, q_free, k_s, v_s, full_k, full_v,
+                                   empty, cu_q, G, SEC, NMB, HP, GROUP, D, TILE, STAGES, REV)
+            sl += 1
+            w = _wsp_fetch(sched, W)
+            _wsp_publish(items, item_full, item_empty, sl, w)
+    else:
+        for k in range(0, gl.cdiv(W, gl.num_programs(0))):
+            w = _wsp_work(k, gl.num_programs(0), gl.program_id(0))
+            if w < W:
+                c, it = _wsp_load_item(w, c, it, q_desc, k_desc, v_desc, q_s, bar_q, q_free, k_s, v_s, full_k,
+                                       full_v, empty, cu_q, G, SEC, NMB, HP, GROUP, D, TILE, STAGES, REV)
 
 
 @gluon.jit
@@ -422,57 +479,82 @@ def _wsp_tiles(q_s, k_s, v_s, full_k, full_v, empty, pp, q_free, ones_s, c, j, n
 
 
 @gluon.jit
-def _wsp_consumer(q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, pp, ones_s, O, LSE, cu_q, W, G, SEC, NMB, HP,
-                  stride_ot, stride_oh, lse_stride_h, qk_scale, C: gl.constexpr, D: gl.constexpr, TILE: gl.constexpr,
-                  TPS: gl.constexpr, STAGES: gl.constexpr, STORE_LSE: gl.constexpr, REV: gl.constexpr,
-                  PP: gl.constexpr):
-    """Consumer warpgroup C (0: the default partition, 1: a worker): query head 2 * hp + C of every work
-    item of this program, in the producer's order."""
+def _wsp_run_item(w, c, it, j, q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, pp, ones_s, O, LSE, cu_q, G, SEC,
+                  NMB, HP, stride_ot, stride_oh, lse_stride_h, qk_scale, C: gl.constexpr, D: gl.constexpr,
+                  TILE: gl.constexpr, TPS: gl.constexpr, STAGES: gl.constexpr, STORE_LSE: gl.constexpr,
+                  REV: gl.constexpr, PP: gl.constexpr):
+    """Consumer C's part of item ``w``: query head 2 * hp + C over the item's tiles, then its output rows
+    (and LSE). Returns the updated (tiles, items, ping-pong turns) counts."""
     BM: gl.constexpr = 64
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     row_o: gl.constexpr = gl.SliceLayout(1, mma_o)
+    mb, b, hp = _wsp_item(w, G, SEC, NMB, HP, REV)
+    q_start = gl.load(cu_q + b)
+    q_len = gl.load(cu_q + b + 1) - q_start
+    start_m = mb * BM
+    if start_m < q_len:
+        hi = gl.minimum(start_m + BM, q_len)
+        full_end = ((start_m + 1) // TILE) * TILE
+        n = gl.cdiv(hi, TILE)
+        h = 2 * hp + C
+        mbarrier.wait(bar_q, it & 1)
+        M, L, ACC, j = _wsp_tiles(q_s, k_s, v_s, full_k, full_v, empty, pp, q_free, ones_s, c, j, n, hi, full_end,
+                                  start_m, qk_scale, C, D, TILE, TPS, STAGES, PP)
+        c += n
+        it += 1
+        # the 64-bit part of the address is the item's scalar base; rows inside it are 32-bit offsets
+        o_base = O + (q_start + start_m).to(gl.int64) * stride_ot + h * stride_oh
+        offs_r = gl.arange(0, BM, layout=row_o)
+        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, mma_o))
+        row_ok = start_m + offs_r < q_len
+        gl.store(o_base + gl.expand_dims(offs_r * stride_ot, 1) + gl.expand_dims(offs_d, 0),
+                 (ACC / gl.expand_dims(L, 1)).to(O.dtype.element_ty), mask=gl.expand_dims(row_ok, 1))
+        if STORE_LSE:
+            gl.store(LSE + h * lse_stride_h + q_start + start_m + offs_r, M + gl.log2(L), mask=row_ok)
+    return c, it, j
+
+
+@gluon.jit
+def _wsp_consumer(q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, pp, items, item_full, item_empty, ones_s, O,
+                  LSE, cu_q, W, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h, qk_scale, C: gl.constexpr,
+                  D: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr, STAGES: gl.constexpr,
+                  STORE_LSE: gl.constexpr, REV: gl.constexpr, PP: gl.constexpr, DYN: gl.constexpr):
+    """Consumer warpgroup C (0: the default partition, 1: a worker): query head 2 * hp + C of every work
+    item of this program, in the producer's order."""
     c = 0
     it = 0
     j = 0
     if PP:
         if C == 0:
             mbarrier.arrive(pp.index(0), count=1)   # consumer 0 takes the first turn
-    for k in range(0, gl.cdiv(W, gl.num_programs(0))):
-        w = _wsp_work(k, gl.num_programs(0), gl.program_id(0))
-        if w < W:
-            mb, b, hp = _wsp_item(w, G, SEC, NMB, HP, REV)
-            q_start = gl.load(cu_q + b)
-            q_len = gl.load(cu_q + b + 1) - q_start
-            start_m = mb * BM
-            if start_m < q_len:
-                hi = gl.minimum(start_m + BM, q_len)
-                full_end = ((start_m + 1) // TILE) * TILE
-                n = gl.cdiv(hi, TILE)
-                h = 2 * hp + C
-                mbarrier.wait(bar_q, it & 1)
-                M, L, ACC, j = _wsp_tiles(q_s, k_s, v_s, full_k, full_v, empty, pp, q_free, ones_s, c, j, n, hi,
-                                          full_end, start_m, qk_scale, C, D, TILE, TPS, STAGES, PP)
-                c += n
-                it += 1
-                # the 64-bit part of the address is the item's scalar base; rows inside it are 32-bit offsets
-                o_base = O + (q_start + start_m).to(gl.int64) * stride_ot + h * stride_oh
-                offs_r = gl.arange(0, BM, layout=row_o)
-                offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, mma_o))
-                row_ok = start_m + offs_r < q_len
-                gl.store(o_base + gl.expand_dims(offs_r * stride_ot, 1) + gl.expand_dims(offs_d, 0),
-                         (ACC / gl.expand_dims(L, 1)).to(O.dtype.element_ty), mask=gl.expand_dims(row_ok, 1))
-                if STORE_LSE:
-                    gl.store(LSE + h * lse_stride_h + q_start + start_m + offs_r, M + gl.log2(L), mask=row_ok)
+    if DYN:
+        sl = 0
+        w = _wsp_take(items, item_full, item_empty, sl)
+        while w < W:
+            c, it, j = _wsp_run_item(w, c, it, j, q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, pp, ones_s, O,
+                                     LSE, cu_q, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h, qk_scale, C, D,
+                                     TILE, TPS, STAGES, STORE_LSE, REV, PP)
+            sl += 1
+            w = _wsp_take(items, item_full, item_empty, sl)
+    else:
+        for k in range(0, gl.cdiv(W, gl.num_programs(0))):
+            w = _wsp_work(k, gl.num_programs(0), gl.program_id(0))
+            if w < W:
+                c, it, j = _wsp_run_item(w, c, it, j, q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, pp, ones_s,
+                                         O, LSE, cu_q, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h, qk_scale,
+                                         C, D, TILE, TPS, STAGES, STORE_LSE, REV, PP)
 
 
 @gluon.jit
-def _attn_fwd_gluon_wsp(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, lse_stride_h, qk_scale, W, G, SEC,
-                        NMB, HP, GROUP: gl.constexpr, D: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr,
-                        STAGES: gl.constexpr, STORE_LSE: gl.constexpr, REV: gl.constexpr, PP: gl.constexpr):
+def _attn_fwd_gluon_wsp(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_oh, lse_stride_h, qk_scale, sched, W, G,
+                        SEC, NMB, HP, GROUP: gl.constexpr, D: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr,
+                        STAGES: gl.constexpr, STORE_LSE: gl.constexpr, REV: gl.constexpr, PP: gl.constexpr,
+                        DYN: gl.constexpr):
     """Warp-specialized prefill over W work items (query block of 64 rows, sequence, pair of query heads of
     one kv head; GROUP even), _wsp_item's order, dealt to the programs in rounds (_wsp_work): one item per
     program when the grid has W programs, or persistent (one program per SM walking its items, the next
-    item's loads under the current one's tail). A producer warp fills a K / V ring; two consumer
+    item's loads under the current one's tail); under DYN the programs take items from the counter
+    ``sched`` (an int32 that is 0 at launch and 0 again after it) instead. A producer warp fills a K / V ring; two consumer
     warpgroups (the default partition and a worker) each run one head's rows over it, so each K / V tile
     is read once for both heads."""
     BM: gl.constexpr = 64
@@ -486,12 +568,18 @@ def _attn_fwd_gluon_wsp(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_
     bar_q = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     pp = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # slot i of the item ring is items.index(i), [1, 1] (a rank-2 layout: memdesc_index keeps the layout)
+    items = gl.allocate_shared_memory(gl.int32, [2, 1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    item_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    item_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     full_k = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     full_v = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(bar_q.index(i), count=1)
         mbarrier.init(pp.index(i), count=1)
+        mbarrier.init(item_full.index(i), count=1)
+        mbarrier.init(item_empty.index(i), count=2)
     mbarrier.init(q_free.index(0), count=2)
     for i in gl.static_range(STAGES):
         mbarrier.init(full_k.index(i), count=1)
@@ -499,14 +587,14 @@ def _attn_fwd_gluon_wsp(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_
         mbarrier.init(empty.index(i), count=2)
     fence_async_shared()
     gl.warp_specialize([
-        (_wsp_consumer, (q_s.index(0), bar_q.index(0), q_free.index(0), k_s, v_s, full_k, full_v, empty, pp, ones_s, O,
-                         LSE, cu_q, W, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h, qk_scale, 0, D, TILE, TPS,
-                         STAGES, STORE_LSE, REV, PP)),
-        (_wsp_consumer, (q_s.index(1), bar_q.index(1), q_free.index(0), k_s, v_s, full_k, full_v, empty, pp, ones_s, O,
-                         LSE, cu_q, W, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h, qk_scale, 1, D, TILE, TPS,
-                         STAGES, STORE_LSE, REV, PP)),
-        (_wsp_producer, (q_desc, k_desc, v_desc, q_s, bar_q, q_free.index(0), k_s, v_s, full_k, full_v, empty, cu_q, W,
-                         G, SEC, NMB, HP, GROUP, D, TILE, STAGES, REV)),
+        (_wsp_consumer, (q_s.index(0), bar_q.index(0), q_free.index(0), k_s, v_s, full_k, full_v, empty, pp, items, item_full,
+                         item_empty, ones_s, O, LSE, cu_q, W, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h,
+                         qk_scale, 0, D, TILE, TPS, STAGES, STORE_LSE, REV, PP, DYN)),
+        (_wsp_consumer, (q_s.index(1), bar_q.index(1), q_free.index(0), k_s, v_s, full_k, full_v, empty, pp, items, item_full,
+                         item_empty, ones_s, O, LSE, cu_q, W, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h,
+                         qk_scale, 1, D, TILE, TPS, STAGES, STORE_LSE, REV, PP, DYN)),
+        (_wsp_producer, (q_desc, k_desc, v_desc, q_s, bar_q, q_free.index(0), k_s, v_s, full_k, full_v, empty, items,
+                         item_full, item_empty, sched, cu_q, W, G, SEC, NMB, HP, GROUP, D, TILE, STAGES, REV, DYN)),
     ], [4, 1], [REGS_CONSUMER_FA3, REGS_PRODUCER_FA3])
 
 
@@ -559,6 +647,26 @@ def _device_facts(index: int) -> tuple[int, int]:
     return p.multi_processor_count, p.L2_cache_size
 
 
+_COUNTERS: dict = {}
+_CAPTURED: list = []
+
+
+def _counter(device: torch.device) -> torch.Tensor:
+    """The work counter of persist 2 for launches on the current stream: 0 before a launch, and the launch
+    leaves it 0 (_wsp_fetch). One per (device, stream), so launches that may overlap never share one; a
+    launch captured into a CUDA graph gets its own, kept alive for the graph's replays."""
+    stream = torch.cuda.current_stream(device)
+    if torch.cuda.is_current_stream_capturing():
+        t = torch.zeros(1, dtype=torch.int32, device=device)
+        _CAPTURED.append(t)
+        return t
+    key = (device.index, stream.cuda_stream)
+    t = _COUNTERS.get(key)
+    if t is None:
+        t = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return t
+
+
 def ws_schedule(B: int, Hq: int, Hkv: int, max_q: int, D: int, elem: int, sms: int, l2: int, persist: int) -> dict:
     """The warp-specialized program's work list and grid: W items (query blocks x sequences x head
     pairs), G = B * Hq / 2 groups, sections of SEC groups whose K and V over the longest sequence take at
@@ -593,9 +701,10 @@ def prefill(q, k, v, o, lse, cu_q, max_q, qk_scale, store_lse, tile, split, cfg=
     if cfg["ws"]:
         sms, l2 = _device_facts(q.device.index if q.device.index is not None else torch.cuda.current_device())
         s = ws_schedule(B, Hq, Hkv, max_q, D, q.element_size(), sms, l2, cfg["persist"])
-        _launch(_attn_fwd_gluon_wsp, (s["P"], 1, 1), args + (s["W"], s["G"], s["SEC"], s["NMB"], s["HP"]),
+        sched = _counter(q.device) if cfg["persist"] == 2 else cu_q   # (unread unless persist 2)
+        _launch(_attn_fwd_gluon_wsp, (s["P"], 1, 1), args + (sched, s["W"], s["G"], s["SEC"], s["NMB"], s["HP"]),
                 dict(GROUP=Hq // Hkv, D=D, TILE=tile, TPS=split // tile, STAGES=cfg["k_stages"], STORE_LSE=store_lse,
-                     REV=cfg["rev"], PP=cfg["pp"], num_warps=4, enable_fp_fusion=False))
+                     REV=cfg["rev"], PP=cfg["pp"], DYN=cfg["persist"] == 2, num_warps=4, enable_fp_fusion=False))
         return
     grid = ((max(int(max_q), 1) + bm - 1) // bm, B, Hq)
     _launch(_attn_fwd_gluon, grid, args,

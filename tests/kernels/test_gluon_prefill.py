@@ -118,11 +118,13 @@ def test_gluon_knobs_are_checked(mods):
 def test_tik_v6_work_item_program_compiles_for_sm90(tmp_path):
     out = tmp_path / "g.json"
     r = run_script("compile_gluon_sm90", "--impl", os.path.join(ROOT, "tik_v6"), "--json", str(out),
-                   "--configs", "pp=0;k_stages=2", timeout=600)
+                   "--configs", "persist=1;pp=0;k_stages=2", timeout=600)
     assert r.returncode == 0 and "0 failure(s)" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     v = json.loads(out.read_text())["variants"]
+    # the defaults take items from a counter (persist 2); persist 1 deals them in rounds (persist 0 compiles
+    # the same code as 1, on a grid of one program per item)
     assert [(x["config"]["ws"], x["config"]["persist"], x["config"]["pp"], x["config"]["k_stages"]) for x in v] == \
-        [(1, 1, 1, 3)] * 8 + [(1, 1, 0, 3), (1, 1, 1, 2)]
+        [(1, 2, 1, 3)] * 8 + [(1, 1, 1, 3), (1, 2, 0, 3), (1, 2, 1, 2)]
     for x in v:
         # no spill, contraction off, TMA + wgmma, FA3's order in both consumers (an MMA left in flight), and
         # 3 warp groups whose registers after setmaxnreg fit the SM
@@ -174,7 +176,9 @@ def test_tik_v6_work_items_cover_every_block_once(B, Hq, Hkv, L, persist):
 def test_tik_v6_knobs_are_checked():
     g = _v6()
     c = g.config()
-    assert (c["ws"], c["persist"], c["pp"], c["order"], c["k_stages"]) == (1, 1, 1, 1, 3)
+    assert (c["ws"], c["persist"], c["pp"], c["order"], c["k_stages"]) == (1, 2, 1, 1, 3)
+    s = g.ws_schedule(1, 32, 8, 8192, 128, 2, 132, 50 * 2 ** 20, 2)
+    assert (s["W"], s["P"]) == (2048, 132)
     assert g.config(ws=0, order=0, k_stages=1)["ws"] == 0
     with pytest.raises(ValueError, match=r"ws=1 runs FA3's order .*got order=0, k_stages=3"):
         g.config(order=0)
