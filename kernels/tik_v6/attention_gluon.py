@@ -299,9 +299,9 @@ def _wsp_item(w, G, SEC, NMB, HP, REV: gl.constexpr):
 @gluon.jit
 def _wsp_work(k, P, p):
     """The work item of round ``k`` for program ``p`` of ``P``: rounds deal items in snake order (item p of
-    an even round, P - 1 - p of an odd one), so no program takes the longest item of every round. A
-    program runs cdiv(W, P) rounds and skips an item index >= W. (This and _wsp_item are plain integer
-    arithmetic: the CPU tests run them as Python on every program's rounds.)"""
+    an even round, P - 1 - p of an odd one), so no program takes the longest item of every round. Only the
+    last of cdiv(W, P) rounds can give an index >= W, where a program stops. (This and _wsp_item are plain
+    integer arithmetic: the CPU tests run them as Python on every program's rounds.)"""
     return k * P + p + (k % 2) * (P - 1 - 2 * p)
 
 
@@ -333,6 +333,22 @@ def _wsp_take(items, item_full, item_empty, sl):
     mbarrier.wait(item_full.index(sl % 2), (sl // 2) & 1)
     w = gl.max(gl.max(items.index(sl % 2).load(lay), 1), 0)
     mbarrier.arrive(item_empty.index(sl % 2), count=1)
+    return w
+
+
+@gluon.jit
+def _wsp_next_item(k, sched, items, item_full, item_empty, W, PRODUCER: gl.constexpr, DYN: gl.constexpr):
+    """This program's k-th work item, the same in every partition: under DYN the producer takes it from the
+    counter and hands it over through slot k % 2 of the ring, where the consumers read it; otherwise round
+    k of _wsp_work (only a last round can give an index >= W, so a partition stops at its first such index)."""
+    if DYN:
+        if PRODUCER:
+            w = _wsp_fetch(sched, W)
+            _wsp_publish(items, item_full, item_empty, k, w)
+        else:
+            w = _wsp_take(items, item_full, item_empty, k)
+    else:
+        w = _wsp_work(k, gl.num_programs(0), gl.program_id(0))
     return w
 
 
@@ -372,22 +388,13 @@ def _wsp_producer(q_desc, k_desc, v_desc, q_s, bar_q, q_free, k_s, v_s, full_k, 
     counter and hands it to the consumers."""
     c = 0
     it = 0
-    if DYN:
-        sl = 0
-        w = _wsp_fetch(sched, W)
-        _wsp_publish(items, item_full, item_empty, sl, w)
-        while w < W:
-            c, it = _wsp_load_item(w, c, it, q_desc, k_desc, v_desc, q_s, bar_q, q_free, k_s, v_s, full_k, full_v,
-                                   empty, cu_q, G, SEC, NMB, HP, GROUP, D, TILE, STAGES, REV)
-            sl += 1
-            w = _wsp_fetch(sched, W)
-            _wsp_publish(items, item_full, item_empty, sl, w)
-    else:
-        for k in range(0, gl.cdiv(W, gl.num_programs(0))):
-            w = _wsp_work(k, gl.num_programs(0), gl.program_id(0))
-            if w < W:
-                c, it = _wsp_load_item(w, c, it, q_desc, k_desc, v_desc, q_s, bar_q, q_free, k_s, v_s, full_k,
-                                       full_v, empty, cu_q, G, SEC, NMB, HP, GROUP, D, TILE, STAGES, REV)
+    k = 0
+    w = _wsp_next_item(k, sched, items, item_full, item_empty, W, True, DYN)
+    while w < W:
+        c, it = _wsp_load_item(w, c, it, q_desc, k_desc, v_desc, q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty,
+                               cu_q, G, SEC, NMB, HP, GROUP, D, TILE, STAGES, REV)
+        k += 1
+        w = _wsp_next_item(k, sched, items, item_full, item_empty, W, True, DYN)
 
 
 @gluon.jit
@@ -515,8 +522,8 @@ def _wsp_run_item(w, c, it, j, q_s, bar_q, q_free, k_s, v_s, full_k, full_v, emp
 
 
 @gluon.jit
-def _wsp_consumer(q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, pp, items, item_full, item_empty, ones_s, O,
-                  LSE, cu_q, W, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h, qk_scale, C: gl.constexpr,
+def _wsp_consumer(q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, pp, items, item_full, item_empty, sched,
+                  ones_s, O, LSE, cu_q, W, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h, qk_scale, C: gl.constexpr,
                   D: gl.constexpr, TILE: gl.constexpr, TPS: gl.constexpr, STAGES: gl.constexpr,
                   STORE_LSE: gl.constexpr, REV: gl.constexpr, PP: gl.constexpr, DYN: gl.constexpr):
     """Consumer warpgroup C (0: the default partition, 1: a worker): query head 2 * hp + C of every work
@@ -527,22 +534,14 @@ def _wsp_consumer(q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, pp, items
     if PP:
         if C == 0:
             mbarrier.arrive(pp.index(0), count=1)   # consumer 0 takes the first turn
-    if DYN:
-        sl = 0
-        w = _wsp_take(items, item_full, item_empty, sl)
-        while w < W:
-            c, it, j = _wsp_run_item(w, c, it, j, q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, pp, ones_s, O,
-                                     LSE, cu_q, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h, qk_scale, C, D,
-                                     TILE, TPS, STAGES, STORE_LSE, REV, PP)
-            sl += 1
-            w = _wsp_take(items, item_full, item_empty, sl)
-    else:
-        for k in range(0, gl.cdiv(W, gl.num_programs(0))):
-            w = _wsp_work(k, gl.num_programs(0), gl.program_id(0))
-            if w < W:
-                c, it, j = _wsp_run_item(w, c, it, j, q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, pp, ones_s,
-                                         O, LSE, cu_q, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h, qk_scale,
-                                         C, D, TILE, TPS, STAGES, STORE_LSE, REV, PP)
+    k = 0
+    w = _wsp_next_item(k, sched, items, item_full, item_empty, W, False, DYN)
+    while w < W:
+        c, it, j = _wsp_run_item(w, c, it, j, q_s, bar_q, q_free, k_s, v_s, full_k, full_v, empty, pp, ones_s, O, LSE,
+                                 cu_q, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h, qk_scale, C, D, TILE, TPS,
+                                 STAGES, STORE_LSE, REV, PP)
+        k += 1
+        w = _wsp_next_item(k, sched, items, item_full, item_empty, W, False, DYN)
 
 
 @gluon.jit
@@ -588,11 +587,11 @@ def _attn_fwd_gluon_wsp(q_desc, k_desc, v_desc, O, LSE, cu_q, stride_ot, stride_
     fence_async_shared()
     gl.warp_specialize([
         (_wsp_consumer, (q_s.index(0), bar_q.index(0), q_free.index(0), k_s, v_s, full_k, full_v, empty, pp, items, item_full,
-                         item_empty, ones_s, O, LSE, cu_q, W, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h,
-                         qk_scale, 0, D, TILE, TPS, STAGES, STORE_LSE, REV, PP, DYN)),
+                         item_empty, sched, ones_s, O, LSE, cu_q, W, G, SEC, NMB, HP, stride_ot, stride_oh,
+                         lse_stride_h, qk_scale, 0, D, TILE, TPS, STAGES, STORE_LSE, REV, PP, DYN)),
         (_wsp_consumer, (q_s.index(1), bar_q.index(1), q_free.index(0), k_s, v_s, full_k, full_v, empty, pp, items, item_full,
-                         item_empty, ones_s, O, LSE, cu_q, W, G, SEC, NMB, HP, stride_ot, stride_oh, lse_stride_h,
-                         qk_scale, 1, D, TILE, TPS, STAGES, STORE_LSE, REV, PP, DYN)),
+                         item_empty, sched, ones_s, O, LSE, cu_q, W, G, SEC, NMB, HP, stride_ot, stride_oh,
+                         lse_stride_h, qk_scale, 1, D, TILE, TPS, STAGES, STORE_LSE, REV, PP, DYN)),
         (_wsp_producer, (q_desc, k_desc, v_desc, q_s, bar_q, q_free.index(0), k_s, v_s, full_k, full_v, empty, items,
                          item_full, item_empty, sched, cu_q, W, G, SEC, NMB, HP, GROUP, D, TILE, STAGES, REV, DYN)),
     ], [4, 1], [REGS_CONSUMER_FA3, REGS_PRODUCER_FA3])

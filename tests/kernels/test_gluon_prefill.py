@@ -153,14 +153,16 @@ def test_tik_v6_work_items_cover_every_block_once(B, Hq, Hkv, L, persist):
     assert P == (min(W, sms) if persist else W)
     assert SEC >= 1 and (SEC == G or SEC * (L * 128 * 2 * 2) // max(1, Hq // Hkv // 2) <= l2 // 2)
     seen, load = {}, [0] * P
-    for p in range(P):
-        for k in range(-(-W // P)):
+    for p in range(P):   # as the kernel's partitions walk them: rounds until the first index >= W
+        k, w = 0, g._wsp_work.fn(0, P, p)
+        while w < W:
+            item = g._wsp_item.fn(w, G, SEC, NMB, HP, True)
+            assert item not in seen, (item, w, seen.get(item))
+            seen[item] = w
+            load[p] += item[0] + 1
+            k += 1
             w = g._wsp_work.fn(k, P, p)
-            if w < W:
-                item = g._wsp_item.fn(w, G, SEC, NMB, HP, True)
-                assert item not in seen, (item, w, seen.get(item))
-                seen[item] = w
-                load[p] += item[0] + 1
+        assert k <= -(-W // P)
     assert sorted(seen) == [(mb, b, hp) for mb in range(NMB) for b in range(B) for hp in range(HP)]
     for (mb, b, hp), w in seen.items():
         sec = w // (SEC * NMB)

@@ -8,11 +8,16 @@ each step. Usage: ``python benchmarks/search_plans/h200_attention/wsp/gen_plan.p
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("_attn_next_gen_plan", os.path.join(HERE, "..", "next", "gen_plan.py"))
+_next = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_next)
+br = _next.br   # one branch-record builder for the attention plans
 KERNELS = os.path.join(HERE, "..", "..", "..", "..", "kernels")
 SRC = "attention_gluon.py"
 
@@ -118,13 +123,6 @@ EVIDENCE = ("tik_v5 (ws + FA3 order + rev) on the H200: prefill 0.75-0.82 cold /
 def opp(key, base, tw, applies, prio, kind="followup"):
     return {"key": key, "mechanism": MECH[base], "entry_points": ["attention.prefill"], "priority": prio,
             "kind": kind, "evidence_notes": EVIDENCE, "target_workloads": tw, "applies_to": applies}
-
-
-def br(decision, interp, rationale, opps=()):
-    d = {"decision": decision, "interpretation": interp, "rationale": rationale}
-    if opps:
-        d["opportunities"] = list(opps)
-    return d
 
 
 def step(key, base, parent, promoted, verified, slower, failed):
