@@ -77,6 +77,15 @@ SPLIT_LARGE = ((128, 128, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 
                (64, 128, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (64, 256, 4, 3))
 
 
+# mid M (64 < M <= SPLIT_MID_MAX_M) on a split weight: also the chunk-partial path (tiles x chunks programs, the
+# ordered reduction in each tile's last program) over these tiles, beside the fused large-M tiles. The mid-M rule
+# (gemm.MID_M_SPLIT_TILES) takes the first tile that gives 0.6 programs per SM: Qwen3-4B o / down at M=256 get
+# 80 / 200 programs of 128 x 128 (0.57 / 0.64x cuBLAS in evidence/tik_v2); smaller tiles give 2-5x the programs.
+SPLIT_MID_MAX_M = 2048
+SPLIT_MID_PARTIAL = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (64, 256, 8))
+SPLIT_MID_STAGES = (3, 4, 6)
+
+
 # --split-tma: at BLOCK_M 64 also the fused flat loop on the TMA kernel (narrow split weights at M=64,
 # where each program re-reads the activation tile: the TMA loads against the pointer loads)
 SPLIT_TMA_BN = (32, 64, 128)
@@ -107,6 +116,10 @@ def split_configs(M: int, tma: bool = False) -> list[dict]:
         for (bm, bn, w, st), flat in itertools.product(SPLIT_LARGE, (False, True)):
             out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, GROUP_M=8, tma=True,
                             split="fused", flat=flat, name=f"l_m{bm}_n{bn}_w{w}_s{st}{'_flat' if flat else ''}"))
+        if M <= SPLIT_MID_MAX_M:
+            for (bm, bn, w), st in itertools.product(SPLIT_MID_PARTIAL, SPLIT_MID_STAGES):
+                out.append(dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, GROUP_M=8, tma=False,
+                                split="partial", flat=False, name=f"p_m{bm}_n{bn}_w{w}_s{st}_partial"))
     return out
 
 
