@@ -117,6 +117,13 @@ def validate_plan(plan: dict[str, Any], base_dir: str) -> None:
                     raise PlanError(f"{where}.{b}: 'decision' is required")
                 for j, o in enumerate(s[b].get("opportunities") or []):
                     _check_opp(f"{where}.{b}.opportunities[{j}]", o, keys)
+                # the run refuses a CONTINUE with no follow-up on the implementation just audited (state.py):
+                # say so at load, not after the step's device time is spent
+                if s[b]["decision"] == "CONTINUE" and b != "on_failed" and not any(
+                        "self" in (o.get("applies_to") or ["self"]) or s["opportunity"] in (o.get("applies_to") or [])
+                        for o in s[b].get("opportunities") or []):
+                    raise PlanError(f"{where}.{b}: CONTINUE builds on this step's implementation, so it needs an "
+                                    "opportunity with applies_to [self]; use ARCHIVE to follow up on another one")
         if "on_failed" in s and s["on_failed"]["decision"] not in ("ABANDON", "RETRY"):
             raise PlanError(f"{where}.on_failed: a failed offspring allows only ABANDON or RETRY, "
                             f"got {s['on_failed']['decision']!r}")

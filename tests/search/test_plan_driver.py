@@ -108,6 +108,11 @@ def test_plan_plays_actions_branches_skips_and_resumes(files, tmp_path):
      "only ABANDON or RETRY"),
     ({"initial": {"opportunities": [_opp("a"), _opp("a")]}, "steps": []}, "used twice"),
     ({"root": 2, "steps": []}, "root: expected the name"),
+    # a CONTINUE whose follow-ups all apply to another implementation: the run would refuse it only after
+    # the step's audit (state.py), so the plan is refused at load
+    ({"steps": [{"opportunity": "a", "edits": "row16.edits", "on_verified": {
+        "decision": "CONTINUE", "interpretation": "i", "rationale": "r",
+        "opportunities": [_opp("b", applies=["root"])]}}]}, "needs an opportunity with applies_to \\[self\\]"),
 ])
 def test_malformed_plans_are_refused_by_name(files, tmp_path, bad, msg):
     with pytest.raises(PlanError, match=msg):

@@ -148,7 +148,7 @@ def nopp_steps(key, tw):
         step(key, "nopp", "wsp",
              br("CONTINUE", "nopp promoted over wsp: ping-pong costs here", "rounds instead of the counter on it",
                 [opp(promoted, "p1", tw, ["self"], 0.4)]),
-             br("CONTINUE", "nopp verified, within improve_eps of wsp", "rounds instead of the counter on wsp",
+             br("ARCHIVE", "nopp verified, within improve_eps of wsp", "not built on; rounds instead of the counter on wsp",
                 [opp(f"p1.{key}.V", "p1", tw, ["wsp"], 0.4)]),
              br("ARCHIVE", "nopp slower: ping-pong pays", "rounds instead of the counter on wsp",
                 [opp(f"p1.{key}.S", "p1", tw, ["wsp"], 0.4)]),
