@@ -9,11 +9,12 @@ probe measures, for the current implementation's ``linear`` (and the attention p
 - ``graph_us``: CUDA-graph replay;
 - ``host_us``: issue time per call (:func:`areal_tik_plugin.bench.host_us`);
 - ``tensordesc_us``: time per call inside Triton's ``make_tensordesc_arg`` (host TMA descriptor
-  encoding), ``fallbacks``: calls that left the short launch path for ``fn.run``;
+  encoding), ``fallbacks``: calls that left the short launch path for ``fn.run`` (counted on every
+  Triton / Gluon kernel of the gemm, attention and attention_gluon modules, whichever launcher they use);
 - ``profile``: the top functions of a cProfile of 300 calls, by own time.
 
-Usage: ``python -m benchmarks.probes.tma_host_probe --out DIR``. Writes ``tma_host_probe.json``; prints a
-table last.
+Usage: ``python -m benchmarks.probes.tma_host_probe --out DIR [--only attention|linear]``. Writes
+``tma_host_probe-IMPL.json`` (IMPL: the implementation measured); prints a table last.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _profile(fn, n=300, top=12):
     return rows[:top]
 
 
-def measure(fn, R, drv):
+def measure(fn, R, drv, kernels):
     import torch
     import triton
 
@@ -78,7 +79,7 @@ def measure(fn, R, drv):
     out = {"cold_us": float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3,
            "gpu_cold_us": kernel_cold_us(fn), "graph_us": bench.time_graph_us(fn), "host_us": bench.host_us(fn)}
     stats = {"desc_s": 0.0, "descs": 0, "fallbacks": 0}
-    orig_desc, orig_launch = drv.make_tensordesc_arg, R._launch
+    orig_desc = drv.make_tensordesc_arg
 
     def desc(arg, meta):
         t = time.perf_counter()
@@ -88,26 +89,25 @@ def measure(fn, R, drv):
             stats["desc_s"] += time.perf_counter() - t
             stats["descs"] += 1
 
-    def launch(f, grid, *a, **kw):
+    def counted(f):
         run0 = f.run
 
         def run(*x, **y):
             stats["fallbacks"] += 1
             return run0(*x, **y)
-
-        f.run = run
-        try:
-            return orig_launch(f, grid, *a, **kw)
-        finally:
-            del f.run
+        return run
 
     n = 200
-    drv.make_tensordesc_arg, R._launch = desc, launch
+    drv.make_tensordesc_arg = desc
+    for f in kernels:   # fn[grid](...) and fn.run(...) both look ``run`` up on the instance
+        f.run = counted(f)
     try:
         for _ in range(n):
             fn()
     finally:
-        drv.make_tensordesc_arg, R._launch = orig_desc, orig_launch
+        drv.make_tensordesc_arg = orig_desc
+        for f in kernels:
+            del f.run
     torch.cuda.synchronize()
     out.update(tensordesc_us=stats["desc_s"] / n * 1e6, descriptors_per_call=stats["descs"] / n,
                fallbacks_per_call=stats["fallbacks"] / n, profile=_profile(fn))
@@ -167,9 +167,22 @@ def _variants(fn, R, drv):
     return out
 
 
+def _jit_kernels(*mods) -> list:
+    """Every Triton / Gluon kernel object defined in ``mods`` (those with a ``run`` and a ``device_caches``)."""
+    seen, out = set(), []
+    for m in mods:
+        for v in vars(m).values():
+            if hasattr(v, "device_caches") and hasattr(v, "run") and id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--only", choices=("attention", "linear"), default=None,
+                    help="measure only the attention prefill cells or only the linear cells")
     args = ap.parse_args(argv)
     import torch
     import triton
@@ -180,27 +193,33 @@ def main(argv=None) -> int:
     G = loader.current_module("gemm")
     A = loader.current_module("attention")
     R = loader.current_module("_rowops")
+    mods = [G, A]
+    try:
+        mods.append(loader.current_module("attention_gluon"))
+    except Exception:   # an implementation without a Gluon prefill
+        pass
+    kernels = _jit_kernels(*mods)
     gen = torch.Generator(device="cuda").manual_seed(0)
     results = []
-    for M, N, K in CELLS:
+    for M, N, K in CELLS if args.only != "attention" else ():
         x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
         w = (torch.randn(N, K, device="cuda", generator=gen) / K ** 0.5).to(torch.bfloat16)
         cfg = G.config_for(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
         r = {"cell": f"linear M{M} N{N} K{K}", "config": cfg.get("name"), "tma": bool(cfg.get("tma"))}
-        r.update(measure(lambda: G.linear(x, w), R, drv))
+        r.update(measure(lambda: G.linear(x, w), R, drv, kernels))
         r["cublas"] = {"cold_us": float(triton.testing.do_bench(
             lambda: torch.nn.functional.linear(x, w), warmup=25, rep=100, return_mode="median")) * 1e3,
             "gpu_cold_us": kernel_cold_us(lambda: torch.nn.functional.linear(x, w))}
         if (M, N, K) == CELLS[0]:
             r["variants"] = _variants(lambda: G.linear(x, w), R, drv)
         results.append(r)
-    for Bn, L in ((1, 1024), (4, 1024)):
+    for Bn, L in ((1, 1024), (4, 1024), (16, 1024)) if args.only != "linear" else ():
         T, Hq, Hkv, D = Bn * L, 32, 8, 128
         q = torch.randn(T, Hq, D, device="cuda", generator=gen).to(torch.bfloat16)
         k, v = (torch.randn(T, Hkv, D, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
         cu = torch.arange(0, T + 1, L, device="cuda", dtype=torch.int32)
         r = {"cell": f"attention prefill {Bn}x{L}", "config": None, "tma": True}
-        r.update(measure(lambda: A.prefill(q, k, v, cu, L, D ** -0.5), R, drv))
+        r.update(measure(lambda: A.prefill(q, k, v, cu, L, D ** -0.5), R, drv, kernels))
         if Bn == 1:
             r["variants"] = _variants(lambda: A.prefill(q, k, v, cu, L, D ** -0.5), R, drv)
         results.append(r)
@@ -208,7 +227,9 @@ def main(argv=None) -> int:
            "source_hash": loader.get_implementation().source_hash, "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "triton": __import__("triton").__version__, "results": results}
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "tma_host_probe.json"), "w") as f:
+    impl = loader.get_implementation().name
+    name = f"tma_host_probe-{impl}"
+    with open(os.path.join(args.out, name + ".json"), "w") as f:
         json.dump(rec, f, indent=1)
     for r in results:
         top = r["profile"][0] if r["profile"] else {}

@@ -566,6 +566,8 @@ def _fwd(q, k, v, o, lse, ws, cu_q, pos0, kv_base, table, tstride, rows, max_q, 
             G.prefill(q, k, v, o, lse, cu_q, max_q, scale * LOG2E, store_lse, cfg["tile"], cfg["split"],
                       G.config(**cfg.get("gluon_cfg", {})))
             return
+    if pos0 is None:   # prefill: every sequence starts at position 0 (the Gluon program reads no pos0)
+        pos0 = torch.zeros(B, device=q.device, dtype=torch.int32)
     grid = (_cdiv(max(int(max_q), 1), bm), B, Hq)
     desc = layout == 0 and _tma_ok(k) and _tma_ok(v)
     if desc:
@@ -593,11 +595,9 @@ def _scratch(q, cfg):
 def prefill(q, k, v, cu_seqlens, max_seqlen, softmax_scale, return_lse=False, block_m=None, **over):
     """Full-sequence causal attention over packed sequences. q [T, Hq, D], k/v [T, Hkv, D]."""
     cfg = _cfg(block_m=block_m, **over)
-    B = cu_seqlens.numel() - 1
     o = torch.empty_like(q)
     lse = torch.empty((q.shape[1], q.shape[0]), device=q.device, dtype=torch.float32) if return_lse else o
-    pos0 = torch.zeros(B, device=q.device, dtype=torch.int32)
-    _fwd(q, k, v, o, lse, _scratch(q, cfg), cu_seqlens, pos0, cu_seqlens, cu_seqlens, 0, cu_seqlens,
+    _fwd(q, k, v, o, lse, _scratch(q, cfg), cu_seqlens, None, cu_seqlens, cu_seqlens, 0, cu_seqlens,
          max_seqlen, softmax_scale, 0, 1, return_lse, cfg)
     return (o, lse) if return_lse else o
 

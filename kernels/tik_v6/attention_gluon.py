@@ -607,11 +607,25 @@ def _desc_ok(x: torch.Tensor) -> bool:
 def config(**over) -> dict:
     """The launch knobs, ``over`` (``None`` values ignored) on the defaults; refuses an unknown knob or
     value, and a warp-specialized set the program does not have (Triton's order, a 1-deep ring)."""
-    cfg = {"warps": WARPS, "k_stages": K_STAGES, "v_stages": V_STAGES, "order": ORDER, "ws": WS, "rev": REV,
-           "persist": PERSIST, "pp": PP}
+    key = tuple(sorted((k, v) for k, v in over.items() if v is not None))
+    try:
+        hash(key)
+    except TypeError:
+        k, v = next((k, v) for k, v in key if getattr(v, "__hash__", None) is None)
+        raise ValueError(f"attention_gluon: {k}={v!r}; expected one of {KNOBS.get(k, sorted(KNOBS))}") from None
+    return dict(_config(key, _defaults()))
+
+
+def _defaults() -> tuple:
+    # read per call: a knob set on the module (the search's moves) changes the defaults
+    return WARPS, K_STAGES, V_STAGES, ORDER, WS, REV, PERSIST, PP
+
+
+@functools.lru_cache(maxsize=256)
+def _config(over: tuple, defaults: tuple) -> dict:
+    cfg = dict(zip(("warps", "k_stages", "v_stages", "order", "ws", "rev", "persist", "pp"), defaults))
+    over = dict(over)
     for k, v in over.items():
-        if v is None:
-            continue
         if k not in KNOBS:
             raise ValueError(f"attention_gluon: unknown knob {k!r}; expected one of {sorted(KNOBS)}")
         if v not in KNOBS[k]:
@@ -635,9 +649,36 @@ def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int, split:
     contract with wider tiles; ptxas fits it without spills in Triton's issue order only), TMA-readable
     q / k / v. Otherwise attention.py's kernel runs (the same bits: both compute the contract's
     instructions)."""
-    return (q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0) and q.dtype in DTYPES
+    return (q.is_cuda and _capability(q.device.index) == (9, 0) and q.dtype in DTYPES
             and k.dtype == q.dtype and v.dtype == q.dtype and q.shape[2] in HEAD_DIMS and tile in (64, 128)
             and split % tile == 0 and all(_desc_ok(x) for x in (q, k, v)))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(block: tuple, dtype: torch.dtype):
+    """The NVMMA shared layout of a [block] TMA tile (built once: its construction costs ~20 us of host
+    time per call on Triton 3.6)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+
+
+def _descriptor(x: torch.Tensor, heads: int, D: int, block: tuple) -> TensorDescriptor:
+    """x [T, heads, D] as a 2-D [T, heads * D] TMA descriptor with [block] boxes. On Triton 3.6 the
+    dataclass's checks are skipped: applies() checked what they check (_desc_ok: 16-byte aligned base and
+    rows, unit inner stride, T > 0) and the layout is an NVMMA shared one; they cost ~6 us per descriptor."""
+    shape, strides, lay = [x.shape[0], heads * D], [x.stride(0), 1], _smem_layout(block, x.dtype)
+    if not R._FAST_TRITON:
+        return TensorDescriptor(x, shape, strides, list(block), lay)
+    d = _TD_NEW(TensorDescriptor)
+    d.__dict__.update(base=x, shape=shape, strides=strides, block_shape=list(block), layout=lay, padding="zero")
+    return d
+
+
+_TD_NEW = object.__new__
 
 
 @functools.lru_cache(maxsize=None)
@@ -685,17 +726,15 @@ def prefill(q, k, v, o, lse, cu_q, max_q, qk_scale, store_lse, tile, split, cfg=
     """Packed causal prefill (queries and keys of sequence b at rows cu_q[b]..cu_q[b+1]) into ``o`` (and
     ``lse`` [Hq, T] when ``store_lse``); ``qk_scale`` is softmax_scale * log2(e) in fp32."""
     cfg = cfg or config()
-    T, Hq, D = q.shape
+    _, Hq, D = q.shape
     Hkv = k.shape[1]
     if cfg["ws"] and (Hq // Hkv) % 2:   # the ws program pairs the query heads of a kv head
         cfg = dict(cfg, ws=0)
     B = cu_q.numel() - 1
     bm = block_m(cfg)
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    lay = gl.NVMMASharedLayout.get_default_for([tile, D], gdt)
-    qd = TensorDescriptor(q, [T, Hq * D], [q.stride(0), 1], [bm, D], gl.NVMMASharedLayout.get_default_for([bm, D], gdt))
-    kd = TensorDescriptor(k, [k.shape[0], Hkv * D], [k.stride(0), 1], [tile, D], lay)
-    vd = TensorDescriptor(v, [v.shape[0], Hkv * D], [v.stride(0), 1], [tile, D], lay)
+    qd = _descriptor(q, Hq, D, (bm, D))
+    kd = _descriptor(k, Hkv, D, (tile, D))
+    vd = _descriptor(v, Hkv, D, (tile, D))
     args = (qd, kd, vd, o, lse, cu_q, o.stride(0), o.stride(1), lse.stride(0) if store_lse else 0, qk_scale)
     if cfg["ws"]:
         sms, l2 = _device_facts(q.device.index if q.device.index is not None else torch.cuda.current_device())

@@ -188,3 +188,31 @@ def test_tik_v6_knobs_are_checked():
         g.config(k_stages=1)
     with pytest.raises(ValueError, match=r"pp=2; expected one of \(0, 1\)"):
         g.config(pp=2)
+    with pytest.raises(ValueError, match=r"pp=\[1\]; expected one of \(0, 1\)"):
+        g.config(pp=[1])
+    # the defaults are read per call: a knob set on the module (a search move) takes effect
+    c["pp"] = 0   # and a caller's copy never reaches the next call
+    assert g.config()["pp"] == 1
+    old = g.PP
+    try:
+        g.PP = 0
+        assert g.config()["pp"] == 0
+    finally:
+        g.PP = old
+    assert g.config()["pp"] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads, D, rows", [(5, 128, 37), (3, 64, 1)])
+def test_tik_v6_descriptor_equals_tritons_checked_one(dtype, heads, D, rows):
+    """The descriptor built without the dataclass's checks holds what the checked constructor holds."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    g = _v6()
+    x = torch.empty(rows, heads, D, dtype=dtype)
+    for block in ((64, D), (128, D)):
+        ours = g._descriptor(x, heads, D, block)
+        ref = TensorDescriptor(x, [rows, heads * D], [x.stride(0), 1], list(block), g._smem_layout(block, dtype))
+        assert type(ours) is TensorDescriptor and ours == ref
+        assert ours.layout == g.gl.NVMMASharedLayout.get_default_for(
+            list(block), g.gl.bfloat16 if dtype == torch.bfloat16 else g.gl.float16)
