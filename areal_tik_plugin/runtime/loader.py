@@ -219,14 +219,33 @@ def device_arch() -> str:
     return f"sm_{major}{minor}"
 
 
-def selected_name(arch: str | None = None) -> str:
+def triton_minor() -> str | None:
+    """``"3.6"`` for the installed Triton (read from its package metadata: no import), ``None`` without one."""
+    mod = sys.modules.get("triton")
+    ver = getattr(mod, "__version__", None)
+    if ver is None:
+        from importlib import metadata
+
+        try:
+            ver = metadata.version("triton")
+        except metadata.PackageNotFoundError:
+            return None
+    return ".".join(ver.split(".")[:2])
+
+
+def selected_name(arch: str | None = None, triton: str | None = None) -> str:
+    """The implementation for ``arch`` (default: this process's GPU): ``TIK_IMPLEMENTATION`` if set, else
+    ``kernels/selection.json``'s entry ``<arch>+triton<major.minor>`` for the installed Triton (or
+    ``triton``) when it has one, else its entry for ``arch``, else ``default``. A per-Triton entry keeps an
+    implementation off a Triton its code was not built and measured with (the Gluon prefill: Triton 3.6)."""
     env = os.environ.get("TIK_IMPLEMENTATION")
     if env:
         return env
     arch = arch or device_arch()
     with open(os.path.join(kernels_root(), "selection.json")) as f:
         sel = json.load(f)
-    return sel.get(arch) or sel["default"]
+    tm = triton or triton_minor()
+    return (tm and sel.get(f"{arch}+triton{tm}")) or sel.get(arch) or sel["default"]
 
 
 def resolve_path(name_or_path: str) -> str:

@@ -75,7 +75,7 @@ def test_wsp_plan_is_generated_valid_and_builds_tik_v6(tmp_path, name, spec):
     assert out.read_text() == (here / f"{name}.yaml").read_text(), "re-run gen_plan.py"
     v5 = (ROOT / "kernels" / "tik_v5" / "attention_gluon.py").read_text()
     v6 = (ROOT / "kernels" / "tik_v6" / "attention_gluon.py").read_text()
-    assert (here / "edits" / "wsp.edits").read_text() == gen.blocks(v5, v6), "re-run gen_plan.py"
+    assert (here / "edits" / "wsp.edits").read_text() == gen.blocks(v5, v6) + gen.other_blocks(), "re-run gen_plan.py"
     PlanDriver(str(here / f"{name}.yaml"))
     plan = yaml.safe_load((here / f"{name}.yaml").read_text())
     sp = yaml.safe_load((ROOT / "search" / "specs" / f"{spec}.yaml").read_text())
@@ -90,7 +90,9 @@ def test_wsp_plan_is_generated_valid_and_builds_tik_v6(tmp_path, name, spec):
     knobs = set()
     for s in plan["steps"]:
         files = mat.build([str(here / e) for e in mat.lineage(plan, s["opportunity"])])
-        assert set(files) == set(base) and all(files[f] == base[f] for f in base if f != "attention_gluon.py")
+        assert set(files) == set(base) and all(files[f] == base[f] for f in base
+                                               if f not in ("attention_gluon.py", "attention.py"))
+        assert files["attention.py"] == (ROOT / "kernels" / "tik_v6" / "attention.py").read_text()
         g = files["attention_gluon.py"]
         if s["opportunity"] == "wsp":
             assert g == v6

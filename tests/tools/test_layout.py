@@ -13,6 +13,8 @@ import zipfile
 
 import pytest
 
+from areal_tik_plugin.runtime import loader
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PKG = ROOT / "areal_tik_plugin"
 
@@ -132,7 +134,28 @@ def test_wheel_ships_no_shims(tmp_path):
     assert r.returncode == 0, r.stderr
     root, name = r.stdout.split()
     assert root == str(site / "areal_tik_plugin" / "kernels")
-    assert name == json.loads((ROOT / "kernels" / "selection.json").read_text())["sm_90"]
+    sel = json.loads((ROOT / "kernels" / "selection.json").read_text())
+    assert name == sel.get(f"sm_90+triton{loader.triton_minor()}", sel["sm_90"])
+
+
+def test_selection_per_triton_entry(tmp_path, monkeypatch):
+    """``<arch>+triton<major.minor>`` wins over ``<arch>`` for that Triton only; TIK_IMPLEMENTATION over both."""
+    (tmp_path / "selection.json").write_text(json.dumps(
+        {"default": "a", "cpu": "a", "sm_90": "new", "sm_90+triton3.5": "old"}))
+    monkeypatch.setattr(loader, "kernels_root", lambda: str(tmp_path))
+    monkeypatch.delenv("TIK_IMPLEMENTATION", raising=False)
+    assert loader.selected_name("sm_90", triton="3.5") == "old"
+    assert loader.selected_name("sm_90", triton="3.6") == "new"
+    assert loader.selected_name("sm_80", triton="3.5") == "a"
+    assert loader.selected_name("sm_90") == ("old" if loader.triton_minor() == "3.5" else "new")
+    monkeypatch.setenv("TIK_IMPLEMENTATION", "x")
+    assert loader.selected_name("sm_90", triton="3.5") == "x"
+
+
+def test_triton_minor_reads_the_installed_version():
+    import triton
+
+    assert loader.triton_minor() == ".".join(triton.__version__.split(".")[:2])
 
 
 def test_repository_root_does_not_shadow_pypi_kernels():

@@ -36,7 +36,7 @@ P0 = ("PERSIST = 2 ", "PERSIST = 0 ")
 EDIT = {"wsp": "edits/wsp.edits", "p0": "edits/wsp_p0.edits", **{k: f"edits/{k}.edits" for k in KNOB_EDITS}}
 
 
-def blocks(old: str, new: str, context: int = 3) -> str:
+def blocks(old: str, new: str, context: int = 3, src: str = SRC) -> str:
     """SEARCH / REPLACE blocks turning ``old`` into ``new``: each changed run of lines with ``context`` lines
     around it, widened until its SEARCH text occurs once in ``old``; runs whose blocks would touch merge."""
     a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
@@ -54,7 +54,23 @@ def blocks(old: str, new: str, context: int = 3) -> str:
             spans.append([lo, hi, blo, bhi])
     out = []
     for lo, hi, blo, bhi in spans:
-        out.append(f"FILE: {SRC}\n<<<<<<< SEARCH\n{''.join(a[lo:hi])}=======\n{''.join(b[blo:bhi])}>>>>>>> REPLACE\n")
+        out.append(f"FILE: {src}\n<<<<<<< SEARCH\n{''.join(a[lo:hi])}=======\n{''.join(b[blo:bhi])}>>>>>>> REPLACE\n")
+    return "".join(out)
+
+
+def other_blocks() -> str:
+    """The blocks of the other kernel files tik_v6 changes (attention.py's prefill skips the pos0 fill the
+    Gluon program does not read); manifest.json is the search's own."""
+    out = []
+    for name in sorted(os.listdir(os.path.join(KERNELS, "tik_v6"))):
+        if name == SRC or not name.endswith(".py"):
+            continue
+        with open(os.path.join(KERNELS, "tik_v5", name)) as f:
+            a = f.read()
+        with open(os.path.join(KERNELS, "tik_v6", name)) as f:
+            b = f.read().replace("tik_v6", "tik_v5")
+        if a != b:
+            out.append(blocks(a, b, src=name))
     return "".join(out)
 
 
@@ -63,11 +79,12 @@ def write_edits() -> None:
         v5 = f.read()
     with open(os.path.join(KERNELS, "tik_v6", SRC)) as f:
         v6 = f.read()
+    rest = other_blocks()
     with open(os.path.join(HERE, EDIT["wsp"]), "w") as f:
-        f.write(blocks(v5, v6))
+        f.write(blocks(v5, v6) + rest)
     line = next(x for x in v6.splitlines() if x.startswith(P0[0]))
     with open(os.path.join(HERE, EDIT["p0"]), "w") as f:
-        f.write(blocks(v5, v6.replace(line, line.replace(P0[0], P0[1], 1), 1)))
+        f.write(blocks(v5, v6.replace(line, line.replace(P0[0], P0[1], 1), 1)) + rest)
     for k, (old, new) in KNOB_EDITS.items():
         line = next(x for x in v6.splitlines() if x.startswith(old))
         with open(os.path.join(HERE, EDIT[k]), "w") as f:
