@@ -135,19 +135,29 @@ class Implementation:
         return self._modules[mod]
 
     def _install_native_launch(self) -> None:
-        """The manifest's ``native_host_path.launch`` (``module:attr`` of the kernel modules' launch helper)
-        is handed to the :func:`on_launch_helper` callbacks (the generic native launcher wraps it)."""
-        spec = (self.manifest.get("native_host_path") or {}).get("launch")
-        if not spec:
-            return
-        name, _, attr = spec.partition(":")
-        mod = sys.modules.get(f"{self.package}.{name}") or importlib.import_module(f"{self.package}.{name}")
-        if not callable(getattr(mod, attr, None)):
-            raise ImplementationError(f"implementation {self.name!r}: native_host_path.launch names {spec!r}, "
-                                      f"which is not a function of {self.package}.{name}")
-        _LAUNCH_HELPERS.append((mod, attr))
-        for fn in list(_LAUNCH_LISTENERS):
-            fn(mod, attr)
+        """The manifest's ``native_host_path.launch`` (``module:attr`` of the kernel modules' launch helper,
+        ``fn(kernel, grid, *args, **kw)``) and ``launch_packed`` (a list of ``module:attr`` of helpers taking
+        ``(kernel, grid, args, kw)``) are handed to the :func:`on_launch_helper` callbacks (the generic native
+        launcher wraps them). A packed helper's module is imported here; one that cannot be imported with this
+        Triton (its kernels cannot run either) is left alone."""
+        native = self.manifest.get("native_host_path") or {}
+        specs = ([(native["launch"], False)] if native.get("launch") else []) + \
+            [(sp, True) for sp in native.get("launch_packed") or []]
+        for spec, packed in specs:
+            name, _, attr = spec.partition(":")
+            try:
+                mod = sys.modules.get(f"{self.package}.{name}") or importlib.import_module(f"{self.package}.{name}")
+            except ImportError:
+                if not packed:
+                    raise
+                continue
+            if not callable(getattr(mod, attr, None)):
+                key = "launch_packed" if packed else "launch"
+                raise ImplementationError(f"implementation {self.name!r}: native_host_path.{key} names {spec!r}, "
+                                          f"which is not a function of {self.package}.{name}")
+            _LAUNCH_HELPERS.append((mod, attr, packed))
+            for fn in list(_LAUNCH_LISTENERS):
+                fn(mod, attr, packed)
 
     def entry(self, op: str):
         """The callable behind an entry point named in the manifest (e.g. ``attention.decode``)."""
@@ -378,12 +388,13 @@ _LAUNCH_LISTENERS: list = []
 
 
 def on_launch_helper(fn) -> None:
-    """Call ``fn(module, attr)`` for the launch helper of every implementation loaded so far and later."""
+    """Call ``fn(module, attr, packed)`` for the launch helpers of every implementation loaded so far and
+    later (``packed``: the helper takes ``(kernel, grid, args, kw)``)."""
     if fn in _LAUNCH_LISTENERS:
         return
     _LAUNCH_LISTENERS.append(fn)
-    for mod, attr in list(_LAUNCH_HELPERS):
-        fn(mod, attr)
+    for mod, attr, packed in list(_LAUNCH_HELPERS):
+        fn(mod, attr, packed)
 
 
 def on_change(fn) -> None:

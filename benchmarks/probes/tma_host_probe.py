@@ -220,10 +220,18 @@ def main(argv=None) -> int:
         cu = torch.arange(0, T + 1, L, device="cuda", dtype=torch.int32)
         r = {"cell": f"attention prefill {Bn}x{L}", "config": None, "tma": True}
         r.update(measure(lambda: A.prefill(q, k, v, cu, L, D ** -0.5), R, drv, kernels))
+        # after the timed calls (the launch path has settled): the output's bits against tik_v2's kernel
+        ref = loader.load_implementation(loader.resolve_path("tik_v2")).module("attention")
+        a, b = A.prefill(q, k, v, cu, L, D ** -0.5), ref.prefill(q, k, v, cu, L, D ** -0.5)
+        r["bits_equal_tik_v2"] = bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
         if Bn == 1:
             r["variants"] = _variants(lambda: A.prefill(q, k, v, cu, L, D ** -0.5), R, drv)
         results.append(r)
-    rec = {"schema": "areal-tik-tma-host-probe/1", "implementation": loader.get_implementation().name,
+    from areal_tik_plugin.runtime import native
+
+    st = native.stats()
+    rec = {"native": {"enabled": st.get("enabled"), "launch": st.get("launch")},
+           "schema": "areal-tik-tma-host-probe/1", "implementation": loader.get_implementation().name,
            "source_hash": loader.get_implementation().source_hash, "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "triton": __import__("triton").__version__, "results": results}
     os.makedirs(args.out, exist_ok=True)
@@ -237,7 +245,9 @@ def main(argv=None) -> int:
         print(f"{r['cell']:<30} tma {int(r['tma'])} cold {r['cold_us']:7.1f} gpu_cold {r['gpu_cold_us']:7.1f} "
               f"graph {r['graph_us']:6.1f} host {r['host_us']:6.1f} desc {r['tensordesc_us']:5.1f} "
               f"fb {r['fallbacks_per_call']:.1f} | cublas cold {cub.get('cold_us', 0):6.1f} gpu {cub.get('gpu_cold_us', 0):6.1f}"
-              f" | top {top.get('fn')} {top.get('own_us_per_call', 0):.1f} us")
+              f" | top {top.get('fn')} {top.get('own_us_per_call', 0):.1f} us"
+              + (f" | bits = tik_v2 {r['bits_equal_tik_v2']}" if "bits_equal_tik_v2" in r else ""))
+    print("native launcher:", json.dumps(rec["native"])[:300])
     for r in results:
         for name, v in (r.get("variants") or {}).items():
             print(f"{r['cell']:<30} {name:<22} cold {v['cold_us']:7.1f} gpu_cold {v['gpu_cold_us']:7.1f} host {v['host_us']:6.1f}")

@@ -25,7 +25,7 @@ def m(tmp_path_factory):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     mod.setup_cpu(torch)
-    mod.gsetup(TensorDescriptor)
+    mod.gsetup((TensorDescriptor, NL._gluon_descriptor_type()))
     yield mod
     mod.invalidate()
 
@@ -51,7 +51,22 @@ def _values():
            TensorDescriptor(t2, [32, 64], [64, 1], [16, 64]), TensorDescriptor(t2, [32, 64], [64, 1], [32, 64]),
            TensorDescriptor(buf[8:8 + 32 * 64].view(32, 64), [32, 64], [64, 1], [16, 64]),
            TensorDescriptor(buf[:31 * 64].view(31, 64), [31, 64], [64, 1], [16, 64])]
-    return out
+    return out + _gluon_values(buf)
+
+
+def _gluon_values(buf):
+    """Gluon host descriptors (as tik_v6's prefill makes them): their layout is part of Triton's key."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GD
+
+    lay = {b: gl.NVMMASharedLayout.get_default_for([b, 64], gl.bfloat16) for b in (16, 32)}
+    other = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    t2 = buf[:32 * 64].view(32, 64)
+    return [GD(t2, [32, 64], [64, 1], [16, 64], lay[16]), GD(t2, [32, 64], [64, 1], [32, 64], lay[32]),
+            GD(t2, [32, 64], [64, 1], [16, 64], other),
+            GD(t2, [32, 64], [64, 1], [16, 64], gl.NVMMASharedLayout.get_default_for([16, 64], gl.bfloat16)),
+            GD(buf[8:8 + 32 * 64].view(32, 64), [32, 64], [64, 1], [16, 64], lay[16]),
+            GD(buf[:31 * 64].view(31, 64), [31, 64], [64, 1], [16, 64], lay[16])]
 
 
 @needs_triton36
@@ -194,6 +209,93 @@ def _tma_gemm_variant_parameters(m, sm90_tik_v2):
     m.invalidate()
 
 
+@needs_triton36
+def test_gluon_prefill_variant_parameters():
+    """tik_v6's warp-specialized Gluon prefill compiled for sm_90 (fresh interpreter, as above): the native
+    launcher takes its calling convention (no scratch memory, three TMA descriptors, 12 warps) and derives
+    every parameter of a call in signature order; another layout or block is another class."""
+    import subprocess
+
+    code = ("import sys, torch, tests.runtime.test_native_launch as t; "
+            "t._run_gluon_prefill_check(); print('OK')")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root, env=env)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def _run_gluon_prefill_check():
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    os.environ["TIK_CACHE_DIR"] = tempfile.mkdtemp()
+    m = native.load_module(native.build())
+    m.setup_cpu(torch)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m.gsetup((TensorDescriptor, NL._gluon_descriptor_type()))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+    from benchmarks.compile_gluon_sm90 import _load
+
+    g = _load(os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "tik_v6"))
+    T, Hq, Hkv, D, tile = 1000, 8, 2, 128, 64
+    q = torch.randn(T, Hq, D).to(torch.bfloat16)
+    k, v = (torch.randn(T, Hkv, D).to(torch.bfloat16) for _ in range(2))
+    o, lse = torch.empty_like(q), torch.empty(Hq, T)
+    cu = torch.tensor([0, 400, T], dtype=torch.int32)
+    sched = torch.zeros(1, dtype=torch.int32)
+    s = g.ws_schedule(2, Hq, Hkv, 600, D, 2, 132, 50 * 2 ** 20, 2)
+    args = (g._descriptor(q, Hq, D, (64, D)), g._descriptor(k, Hkv, D, (tile, D)), g._descriptor(v, Hkv, D, (tile, D)),
+            o, lse, cu, o.stride(0), o.stride(1), lse.stride(0), 0.125, sched, s["W"], s["G"], s["SEC"], s["NMB"], s["HP"])
+    cfg = g.config()
+    kw = dict(GROUP=Hq // Hkv, D=D, TILE=tile, TPS=512 // tile, STAGES=cfg["k_stages"], STORE_LSE=True,
+              REV=cfg["rev"], PP=cfg["pp"], DYN=True, num_warps=4, enable_fp_fusion=False)
+    fn = g._attn_fwd_gluon_wsp
+    names = [p.name for p in fn.params]
+    sig = {n: mangle_type(a) for n, a in zip(names, args)}
+    cx = {n: kw[n] for n in names if n in kw}
+    sig.update({n: "constexpr" for n in cx})
+    ck = triton.compile(GluonASTSource(fn, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 4, "enable_fp_fusion": False})
+    kern = types.SimpleNamespace(src=ck.src, metadata=ck.metadata, function=0x1234)
+    ap, vals, ckw = NL.layout(fn, args, kw)
+    assert vals == tuple(args) and ckw == kw
+    plan, why = NL.plan(ap, vals, ckw, kern)
+    assert plan, why
+    assert plan[0][:3] == [NL.GP_DESC] * 3 and plan[3] == 12 and not plan[5]
+    grid = (s["P"], 1, 1)
+    m.invalidate()
+    assert m.glearn(fn, grid, args, kw, plan) is True
+
+    def want(a):
+        out = []
+        for d in a[:3]:
+            out += [(NL.GP_DESC, None)] + [(NL.GP_I32, x) for x in d.shape] + [(NL.GP_I64, x) for x in d.strides]
+        out += [(NL.GP_PTR, t.data_ptr()) for t in a[3:6]] + [(NL.GP_I32, x) for x in a[6:9]]
+        struct = __import__("struct")
+        out.append((NL.GP_F32, struct.unpack("<I", struct.pack("<f", a[9]))[0]))
+        return out + [(NL.GP_PTR, a[10].data_ptr())] + [(NL.GP_I32, x) for x in a[11:]]
+
+    assert m.gderive(fn, grid, args, kw, False) == want(args)
+    # another call of the class: another query tensor, T still not a multiple of 16; one that is: another class
+    q2 = torch.randn(T + 208, Hq, D).to(torch.bfloat16)
+    args2 = (g._descriptor(q2, Hq, D, (64, D)),) + args[1:]
+    assert m.gderive(fn, grid, args2, kw, False) == want(args2)
+    q3 = torch.randn(T + 200, Hq, D).to(torch.bfloat16)
+    assert m.gderive(fn, grid, (g._descriptor(q3, Hq, D, (64, D)),) + args[1:], kw, False) is None
+    from triton.experimental.gluon import language as gl
+
+    d0 = args[0]
+    other = type(d0)(d0.base, d0.shape, d0.strides, d0.block_shape,
+                     gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
+    assert m.gderive(fn, grid, (other,) + args[1:], kw, False) is None
+    m.invalidate()
+
+
 def _tma_gemm_recipes(m, sm90_tik_v2):
     """The public linear's recipe for the GEMM's TMA configurations compiled for sm_90 (one program per
     tile, persistent; with and without bias): each descriptor is the map of its operand followed by that
@@ -332,6 +434,77 @@ def test_installed_wrapper_learns_then_serves(monkeypatch):
     # without the native module every call takes the wrapped path
     monkeypatch.setitem(NL._STATE, "m", None)
     assert mod._launch(fn, (1,), 1, 2) == "kernel-from-triton"
+
+
+@needs_triton36
+def test_gluon_descriptor_class_holds_its_layout(m):
+    """Two Gluon descriptors that differ only in their layout are two classes (two kernels); an equal layout
+    built again is the same class."""
+    vals = _gluon_values(torch.empty(4096, dtype=torch.bfloat16))
+    fn = object()
+    m.invalidate()
+    assert m.glearn(fn, (1,), (vals[0],), {}, ([NL.GP_DROP], [], 0, 4, 0, False, False, None)) is True
+    assert m.gderive(fn, (1,), (vals[3],), {}, False) is not None   # the same layout, rebuilt
+    assert m.gderive(fn, (1,), (vals[2],), {}, False) is None       # another swizzle
+    assert _triton_key(vals[0]) != _triton_key(vals[2])
+    m.invalidate()
+
+
+def test_packed_wrapper_learns_from_tritons_cache_then_serves(monkeypatch):
+    """A helper taking (fn, grid, args, kw) and returning nothing (attention_gluon's): the variant is learned
+    from the kernel Triton's cache holds for that call, then served; a kernel with trailing defaults stays on
+    the helper."""
+    mod = types.ModuleType("fake_gluon")
+    calls = []
+
+    def py_launch(fn, grid, args, kw):
+        calls.append((fn, grid, args, kw))
+
+    mod._launch = py_launch
+    NL.install(mod, "_launch", True)
+    assert mod._launch.__wrapped__ is py_launch
+    NL.install(mod, "_launch", True)
+    assert mod._launch.__wrapped__ is py_launch
+    fake = _FakeNative()
+    monkeypatch.setitem(NL._STATE, "m", fake)
+    learned = []
+    monkeypatch.setattr(NL, "learn", lambda m, fn, grid, args, kw, k: learned.append((fn, args, kw, k)) or (True, ""))
+    monkeypatch.setattr(NL, "compiled_kernel", lambda fn, args, kw: "kernel-in-cache")
+
+    class Kernel:
+        pre_run_hooks: list = []
+
+    fn = Kernel()
+    assert mod._launch(fn, (1,), (1, 2), {"A": 3}) == "kernel-in-cache"
+    assert len(calls) == 1 and learned == [(fn, (1, 2), {"A": 3}, "kernel-in-cache")]
+    fake.variants[(fn, 2)] = "kernel-native"
+    assert mod._launch(fn, (1,), (1, 2), {"A": 3}) == "kernel-native" and len(calls) == 1
+    monkeypatch.setitem(NL.TRAILING, fn, (2, (("X", 0),), frozenset({"X"})))
+    assert mod._launch(fn, (1,), (1, 2), {"A": 3}) is None and len(calls) == 2
+    monkeypatch.setitem(NL._STATE, "m", None)
+    assert mod._launch(fn, (1,), (1, 2), {}) is None and len(calls) == 3 and len(learned) == 1
+
+
+def test_compiled_kernel_is_none_before_a_compile():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def k(x, n: tl.constexpr):
+        pass
+
+    assert NL.compiled_kernel(k, (torch.empty(1),), {"n": 1}) is None
+
+
+def test_loader_wraps_tik_v6s_gluon_launch():
+    """tik_v6's manifest names attention_gluon._launch as a packed helper: loading the implementation wraps it."""
+    impl = loader.load_implementation(loader.resolve_path("tik_v6"))
+    impl.module("attention")
+    assert impl.manifest["native_host_path"]["launch_packed"] == ["attention_gluon:_launch"]
+    g = sys.modules[f"{impl.package}.attention_gluon"]
+    if not loader._LAUNCH_LISTENERS:
+        pytest.skip("the native launcher is not registered in this process")
+    assert getattr(g._launch, "__tik_native_launch__", False) and callable(g._launch.__wrapped__)
 
 
 def test_loader_installs_the_wrapper_where_the_manifest_says():

@@ -1213,7 +1213,28 @@ typedef struct {
 static gvar_t *g_var; /* GV_SLOTS, allocated at the first learn */
 static int g_var_count;
 static long long g_ghits, g_gmisses, g_gnot;
-static PyObject *g_desc_type, *s_base, *s_block_shape, *s_strides, *s_padding;
+static PyObject *g_desc_type, *g_gdesc_type, *s_base, *s_block_shape, *s_strides, *s_padding, *s_layout;
+/* Gluon descriptors carry their shared-memory layout, part of Triton's key: each distinct layout (compared
+ * by identity, then by value) gets an index 1..GL_MAX in the descriptor's class. */
+#define GL_MAX 31
+static PyObject *g_layouts[GL_MAX];
+static int g_nlayouts;
+
+/* 1..GL_MAX: the layout's index; 0: the table is full (left to Triton); -1: error. */
+static int layout_index(PyObject *lay) {
+  for (int i = 0; i < g_nlayouts; i++)
+    if (g_layouts[i] == lay) return i + 1;
+  for (int i = 0; i < g_nlayouts; i++) {
+    if (Py_TYPE(g_layouts[i]) != Py_TYPE(lay)) continue;
+    int r = PyObject_RichCompareBool(g_layouts[i], lay, Py_EQ);
+    if (r < 0) return -1;
+    if (r) return i + 1;
+  }
+  if (g_nlayouts == GL_MAX) return 0;
+  Py_INCREF(lay);
+  g_layouts[g_nlayouts++] = lay;
+  return g_nlayouts;
+}
 
 static int read_seq(PyObject *o, long long *out, int max) {
   PyObject *f = PySequence_Fast(o, "expected a sequence");
@@ -1261,7 +1282,17 @@ static int gread(PyObject *o, garg_t *a) {
     return 1;
   }
   if (PyFloat_CheckExact(o)) { a->cls = GC_FLOAT; a->f = PyFloat_AS_DOUBLE(o); return 1; }
-  if (g_desc_type && (PyObject *)tp == g_desc_type) {
+  int gluon = g_gdesc_type && (PyObject *)tp == g_gdesc_type;
+  if ((g_desc_type && (PyObject *)tp == g_desc_type) || gluon) {
+    long long li = 0;
+    if (gluon) {
+      PyObject *lay = PyObject_GetAttr(o, s_layout);
+      if (!lay) return -1;
+      int r = layout_index(lay);
+      Py_DECREF(lay);
+      if (r <= 0) return r;
+      li = r;
+    }
     PyObject *base = PyObject_GetAttr(o, s_base);
     if (!base) return -1;
     garg_t b;
@@ -1292,6 +1323,7 @@ static int gread(PyObject *o, garg_t *a) {
       if (blk[i] < 1 || blk[i] > 256) return 0;
       x |= (blk[i] - 1) << (5 + 8 * i); /* 8 bits per block dim, 5 dims: bits 5..44 */
     }
+    x |= li << 45; /* a Gluon descriptor's layout index (0: a host TensorDescriptor): bits 45..49 */
     long long y = 0;
     for (int i = 0; i < r1; i++) y |= ((long long)(a->shape[i] % 16 == 0) << i) | ((long long)(a->stride[i] % 16 == 0) << (8 + i));
     a->clsx = x;
@@ -1609,10 +1641,25 @@ static PyObject *py_tmap_bytes(PyObject *self, PyObject *o) {
   return PyBytes_FromStringAndSize((const char *)&((tik_tmap_obj_t *)o)->tensorMap, sizeof(CUtensorMap));
 }
 
-/* gsetup(TensorDescriptor class) */
+/* gsetup(TensorDescriptor class) or gsetup((TensorDescriptor class, Gluon TensorDescriptor class or None)) */
 static PyObject *py_gsetup(PyObject *self, PyObject *desc_type) {
-  Py_INCREF(desc_type);
-  Py_XSETREF(g_desc_type, desc_type);
+  PyObject *host = desc_type, *gluon = Py_None;
+  if (PyTuple_Check(desc_type)) {
+    if (PyTuple_GET_SIZE(desc_type) != 2) {
+      PyErr_SetString(PyExc_TypeError, "gsetup: expected a class or a (host class, Gluon class or None) pair");
+      return NULL;
+    }
+    host = PyTuple_GET_ITEM(desc_type, 0);
+    gluon = PyTuple_GET_ITEM(desc_type, 1);
+  }
+  Py_INCREF(host);
+  Py_XSETREF(g_desc_type, host);
+  if (gluon == Py_None) {
+    Py_CLEAR(g_gdesc_type);
+  } else {
+    Py_INCREF(gluon);
+    Py_XSETREF(g_gdesc_type, gluon);
+  }
   Py_RETURN_NONE;
 }
 
@@ -1745,6 +1792,7 @@ PyMODINIT_FUNC PyInit__tik_native(void) {
   s_get_device = PyUnicode_InternFromString("get_device");
   s_requires_grad = PyUnicode_InternFromString("requires_grad");
   s_base = PyUnicode_InternFromString("base");
+  s_layout = PyUnicode_InternFromString("layout");
   s_block_shape = PyUnicode_InternFromString("block_shape");
   s_strides = PyUnicode_InternFromString("strides");
   s_padding = PyUnicode_InternFromString("padding");

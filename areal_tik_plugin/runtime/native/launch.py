@@ -47,8 +47,35 @@ def _module():
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    m.gsetup(TensorDescriptor)
+    m.gsetup((TensorDescriptor, _gluon_descriptor_type()))
     return m
+
+
+def _gluon_descriptor_type():
+    """Gluon's host TensorDescriptor class (its ``layout`` is part of the class), or None without Gluon."""
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
+
+
+def compiled_kernel(fn, args, kw):
+    """The kernel Triton compiled for ``fn[grid](*args, **kw)`` (its binder and cache key, as ``run`` finds
+    it), or None when there is none yet or the lookup does not apply (another Triton)."""
+    try:
+        from triton import knobs
+        from triton.runtime.driver import driver
+        from triton.runtime.jit import compute_cache_key
+
+        kb = dict(kw, debug=kw.get("debug", fn.debug) or knobs.runtime.debug,
+                  instrumentation_mode=knobs.compilation.instrumentation_mode)
+        kernel_cache, key_cache, _, _, binder = fn.device_caches[driver.active.get_current_device()]
+        _, specialization, options = binder(*args, **kb)
+        k = kernel_cache.get(compute_cache_key(key_cache, specialization, options))
+    except (AttributeError, ImportError, KeyError, TypeError, ValueError):
+        return None
+    return None if k is None or hasattr(k, "result") else k
 
 
 def reset() -> None:
@@ -58,9 +85,12 @@ def reset() -> None:
     TRAILING.clear()
 
 
-def install(mod, attr: str) -> None:
-    """Wrap ``mod.<attr>`` (a kernel module's ``_launch(fn, grid, *args, **kw)``) with the native launcher.
-    The native module is looked up at the first launch; without it every call takes the wrapped path."""
+def install(mod, attr: str, packed: bool = False) -> None:
+    """Wrap ``mod.<attr>`` (a kernel module's ``_launch(fn, grid, *args, **kw)``; with ``packed``,
+    ``_launch(fn, grid, args, kw)``: :func:`install_packed`) with the native launcher. The native module is
+    looked up at the first launch; without it every call takes the wrapped path."""
+    if packed:
+        return install_packed(mod, attr)
     py_launch = getattr(mod, attr)
     if getattr(py_launch, "__tik_native_launch__", False):
         return
@@ -89,6 +119,39 @@ def install(mod, attr: str) -> None:
         k = py_launch(fn, grid, *args, **kw)
         if r is False and k is not None:
             learn(m, fn, grid, args, kw, k)
+        return k
+
+    _launch.__tik_native_launch__ = True
+    _launch.__wrapped__ = py_launch
+    setattr(mod, attr, _launch)
+
+
+def install_packed(mod, attr: str) -> None:
+    """Wrap ``mod.<attr>``, a launch helper taking ``(fn, grid, args, kw)`` (a tuple of every runtime
+    argument, positional, and a dict of keywords) and returning nothing, with the native launcher. The
+    compiled kernel a variant is learned from is the one Triton's cache holds for the call just made."""
+    py_launch = getattr(mod, attr)
+    if getattr(py_launch, "__tik_native_launch__", False):
+        return
+    from triton import knobs
+
+    rt, comp = knobs.runtime, knobs.compilation
+
+    def _launch(fn, grid, args, kw):
+        m = _STATE["m"]
+        if m is _UNSET:
+            m = _STATE["m"] = _module()
+        if m is None or fn in REFUSED_KERNELS or rt.debug or comp.instrumentation_mode or _hooked(rt.launch_enter_hook) \
+                or _hooked(rt.launch_exit_hook) or getattr(fn, "pre_run_hooks", None) or fn in TRAILING:
+            return py_launch(fn, grid, args, kw)
+        r = m.glaunch(fn, grid, args, kw)
+        if r is not None and r is not False:
+            return r
+        k = py_launch(fn, grid, args, kw)
+        if r is False:
+            k = k if k is not None else compiled_kernel(fn, args, kw)
+            if k is not None:
+                learn(m, fn, grid, args, kw, k)
         return k
 
     _launch.__tik_native_launch__ = True
