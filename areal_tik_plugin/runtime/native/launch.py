@@ -1,14 +1,16 @@
 """The generic native launcher: every launch a kernel module makes through its launch helper (the
-manifest's ``native_host_path.launch``, ``_rowops:_launch``) served by one C call, ``glaunch``, instead of
-Triton's ``JITFunction.run`` (binder, cache key, launcher, TMA descriptor encoding in Python).
+manifest's ``native_host_path.launch``, ``_rowops:_launch``, and the packed helpers it lists under
+``launch_packed``, e.g. tik_v6's ``attention_gluon:_launch`` for the Gluon prefill) served by one C call,
+``glaunch``, instead of Triton's ``JITFunction.run`` (binder, cache key, launcher, TMA descriptor encoding
+in Python).
 
 Why: on the H200 machines Triton's path costs 50-90 us of host time per launch (``tma_host_probe``: a TMA
 GEMM issues in 76-97 us, the attention prefill in 154 us, against ~20 us for ``F.linear``); cold timings
 and eager training at short sequences wait on it.
 
 What is served: a launch whose positional arguments are tensors, ints, bools, floats, None and host
-``TensorDescriptor``s, whose keyword arguments are constexprs and compile options, with no launch hook,
-pre-run hook, Triton debug or instrumentation mode set. The first call of each *class* (see
+``TensorDescriptor``s (Triton's, or Gluon's with the layout in the class), whose keyword arguments are
+constexprs and compile options, with no launch hook, pre-run hook, Triton debug or instrumentation mode set. The first call of each *class* (see
 ``_tik_native.c``: kernel, keyword values, device, and per argument a refinement of Triton's
 specialization key) goes through Triton; its compiled kernel's signature gives the parameter kinds, the
 C side derives the parameters it would pass for that very call, and the variant is kept only if they
