@@ -134,10 +134,23 @@ def _captured(mod, call):
 def test_tma_gemm_variant_parameters():
     """Run in a fresh interpreter: compiling for sm_90 needs a Triton without the interpreter state the
     other tests leave behind."""
+    _in_fresh_interpreter("_run_tma_gemm_check")
+
+
+def _desc_params(descs) -> list:
+    """The parameters of host descriptors as Triton's launcher passes them: the map (not encoded on the
+    CPU), then the shape as i32 and the strides as i64."""
+    out = []
+    for d in descs:
+        out += [(NL.GP_DESC, None)] + [(NL.GP_I32, x) for x in d.shape] + [(NL.GP_I64, x) for x in d.strides]
+    return out
+
+
+def _in_fresh_interpreter(check: str) -> None:
+    """Run this module's ``check()`` in a new Python without TRITON_INTERPRET (an sm_90 compile needs it)."""
     import subprocess
 
-    code = ("import sys, torch, tests.runtime.test_native_launch as t; "
-            "t._run_tma_gemm_check(); print('OK')")
+    code = f"import sys, torch, tests.runtime.test_native_launch as t; t.{check}(); print('OK')"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root, env=env)
@@ -186,10 +199,7 @@ def _tma_gemm_variant_parameters(m, sm90_tik_v2):
     m.invalidate()
     assert m.glearn(fn, grid, args, kw, plan) is True
     def want(a):
-        out = []
-        for d in a[:3]:
-            out += [(NL.GP_DESC, None)] + [(NL.GP_I32, s) for s in d.shape] + [(NL.GP_I64, s) for s in d.strides]
-        return out + [(NL.GP_PTR, a[3].data_ptr())] + [(NL.GP_I32, v) for v in a[4:]]
+        return _desc_params(a[:3]) + [(NL.GP_PTR, a[3].data_ptr())] + [(NL.GP_I32, v) for v in a[4:]]
 
     assert m.gderive(fn, grid, args, kw, False) == want(args)
     # same class, other operands (another M and N of the same class where M is a multiple of 16)
@@ -214,14 +224,7 @@ def test_gluon_prefill_variant_parameters():
     """tik_v6's warp-specialized Gluon prefill compiled for sm_90 (fresh interpreter, as above): the native
     launcher takes its calling convention (no scratch memory, three TMA descriptors, 12 warps) and derives
     every parameter of a call in signature order; another layout or block is another class."""
-    import subprocess
-
-    code = ("import sys, torch, tests.runtime.test_native_launch as t; "
-            "t._run_gluon_prefill_check(); print('OK')")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root, env=env)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    _in_fresh_interpreter("_run_gluon_prefill_check")
 
 
 def _run_gluon_prefill_check():
@@ -272,10 +275,7 @@ def _run_gluon_prefill_check():
     assert m.glearn(fn, grid, args, kw, plan) is True
 
     def want(a):
-        out = []
-        for d in a[:3]:
-            out += [(NL.GP_DESC, None)] + [(NL.GP_I32, x) for x in d.shape] + [(NL.GP_I64, x) for x in d.strides]
-        out += [(NL.GP_PTR, t.data_ptr()) for t in a[3:6]] + [(NL.GP_I32, x) for x in a[6:9]]
+        out = _desc_params(a[:3]) + [(NL.GP_PTR, t.data_ptr()) for t in a[3:6]] + [(NL.GP_I32, x) for x in a[6:9]]
         struct = __import__("struct")
         out.append((NL.GP_F32, struct.unpack("<I", struct.pack("<f", a[9]))[0]))
         return out + [(NL.GP_PTR, a[10].data_ptr())] + [(NL.GP_I32, x) for x in a[11:]]
