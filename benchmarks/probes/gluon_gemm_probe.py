@@ -1,0 +1,164 @@
+"""GPU probe of an implementation's Gluon GEMM (``gemm_gluon.py``, sm_90) against its parent's Triton
+kernels and cuBLAS, in one process.
+
+For every dense shape of ``benchmarks.gemm_sweep.SHAPES`` (lm_head left out) and every M of ``--m``:
+the bits of ``gemm.linear`` through the Gluon kernel (config_for's plan, then every other plan of
+BLOCK_N x split, at the M values of ``--alt-m``) against the reference implementation's ``linear`` (``--ref``, default tik_v6: its
+contract evidence covers M 1..65536), the same call repeated (the tile tickets must be back at 0), a
+biased and an fp16 call on the first M; then CUDA-graph replay times over enough weight copies to exceed
+L2 (as gemm_sweep): the Gluon plan, the reference's config_for choice, and cuBLAS (``F.linear``, the
+baseline a user gets from torch). A bit mismatch is reported and that plan is not timed.
+
+Writes ``gluon_gemm_probe-<impl>.json`` under ``--out`` after every row (a hang leaves the rows before it)
+and prints a table and, per M, the geomean of cuBLAS time / ours for the Gluon plan and for the reference.
+
+Usage (GPU): ``TIK_IMPLEMENTATION=tik_v7 python -m benchmarks.probes.gluon_gemm_probe --out $OUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+DEFAULT_M = (65, 128, 256, 777, 1024)
+
+
+def parse_ms(text: str) -> list[int]:
+    try:
+        ms = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--m: expected a comma list of positive integers, got {text!r}") from None
+    if not ms or any(m <= 0 for m in ms):
+        raise ValueError(f"--m: expected a comma list of positive integers, got {text!r}")
+    return ms
+
+
+def plans(g) -> list[dict]:
+    """Every (BLOCK_N, split) knob set of gemm_gluon at its default ring depth."""
+    return [g.config(BLOCK_N=bn, split=s) for bn in g.BLOCK_NS for s in (0, 1)]
+
+
+def plan_name(p: dict) -> str:
+    return f"n{p['BLOCK_N']}_{'split' if p['split'] else 'fused'}_s{p['stages']}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.probes.gluon_gemm_probe")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ref", default="tik_v6", help="the implementation whose linear gives the reference bits")
+    ap.add_argument("--m", default=",".join(map(str, DEFAULT_M)))
+    ap.add_argument("--shapes", default="", help="comma list of model:layer (default: every non-lm_head shape)")
+    ap.add_argument("--alt-m", default="256", help="comma list of the M values where every other plan is checked "
+                    "and timed too ('' for none)")
+    args = ap.parse_args(argv)
+    try:
+        Ms = parse_ms(args.m)
+        alt_ms = set(parse_ms(args.alt_m)) if args.alt_m.strip() else set()
+    except ValueError as e:
+        ap.error(str(e))
+    import torch
+    import torch.nn.functional as F
+
+    from areal_tik_plugin.contract.suite import bits
+    from areal_tik_plugin.runtime import loader
+    from benchmarks.gemm_sweep import LM_HEAD, SHAPES, _graph_us
+    from areal_tik_plugin.contract._rowops import stream_copies
+
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA device (the Gluon kernel runs on sm_90 only)")
+    impl = loader.get_implementation()
+    gemm = impl.module("gemm")
+    if not hasattr(gemm, "_gluon"):
+        ap.error(f"implementation {impl.name} has no Gluon GEMM (expected gemm._gluon, e.g. TIK_IMPLEMENTATION=tik_v7)")
+    g = gemm._gluon()
+    ref = loader.load_implementation(loader.resolve_path(args.ref)).module("gemm")
+    dev = "cuda"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = {k: v for k, v in SHAPES.items() if k not in LM_HEAD}
+    if args.shapes:
+        want = set(args.shapes.split(","))
+        shapes = {k: v for k, v in SHAPES.items() if f"{k[0]}:{k[1]}" in want}
+        if not shapes:
+            ap.error(f"--shapes: none of {sorted(want)} in {sorted(f'{a}:{b}' for a, b in SHAPES)}")
+    res = {"implementation": impl.name, "source_hash": impl.source_hash, "reference": args.ref,
+           "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": [], "started": time.time()}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"gluon_gemm_probe-{impl.name}.json")
+
+    def dump():
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+    for (model, layer), (N, K) in shapes.items():
+        copies = stream_copies(N * K * 2)
+        torch.manual_seed(N + K)
+        ws = [(torch.randn(N, K, device=dev) / K ** 0.5).to(torch.bfloat16) for _ in range(copies)]
+        for i, M in enumerate(Ms):
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+            cfg = gemm.config_for(M, N, K, sms)
+            rcfg = ref.config_for(M, N, K, sms)
+            want = bits(ref.linear(x, ws[0], config=rcfg)).clone()
+            row = {"model": model, "layer": layer, "N": N, "K": K, "M": M, "config": cfg["name"],
+                   "ref_config": rcfg["name"], "gluon_applies": bool(cfg.get("gluon")) and g.applies(x, ws[0], torch.empty(M, N, device=dev, dtype=x.dtype)),
+                   "mismatch": [], "plans": {}}
+            try:
+                for rep in range(2):   # the second call reuses the tickets the first one left at 0
+                    got = gemm.linear(x, ws[0], config=cfg)
+                    torch.cuda.synchronize()
+                    if not torch.equal(bits(got), want):
+                        row["mismatch"].append(f"{cfg['name']}/call{rep}")
+                if i == 0:
+                    b = torch.randn(N, device=dev).to(torch.bfloat16)
+                    if not torch.equal(bits(gemm.linear(x, ws[0], b, config=cfg)), bits(ref.linear(x, ws[0], b, config=rcfg))):
+                        row["mismatch"].append(f"{cfg['name']}/bias")
+                    xh, wh = x.half(), ws[0].half()
+                    if not torch.equal(bits(gemm.linear(xh, wh, config=cfg)), bits(ref.linear(xh, wh, config=rcfg))):
+                        row["mismatch"].append(f"{cfg['name']}/fp16")
+                alts = plans(g) if M in alt_ms and cfg.get("gluon") else []
+                for p in alts:
+                    pc = dict(cfg, gluon={"BLOCK_N": p["BLOCK_N"], "split": p["split"], "stages": None})
+                    name = plan_name(g.plan(M, N, K, gemm.split_chunk(K), sms, dict(p)))
+                    y = gemm.linear(x, ws[0], config=pc)
+                    torch.cuda.synchronize()
+                    if not torch.equal(bits(y), want):
+                        row["mismatch"].append(name)
+                        continue
+                    row["plans"][name] = _graph_us([lambda w=w, c=pc: gemm.linear(x, w, config=c) for w in ws])
+                row["ours_us"] = _graph_us([lambda w=w: gemm.linear(x, w, config=cfg) for w in ws])
+                row["ref_us"] = _graph_us([lambda w=w: ref.linear(x, w, config=rcfg) for w in ws])
+                row["cublas_us"] = _graph_us([lambda w=w: F.linear(x, w) for w in ws])
+            except Exception as e:   # recorded, never hidden; the next shape still runs
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            res["rows"].append(row)
+            dump()
+            best = min(row["plans"], key=row["plans"].get) if row["plans"] else "-"
+            print(f"{model:<14}{layer:<8}M={M:<5} {cfg['name']:<34} ours {row.get('ours_us', float('nan')):7.1f}  "
+                  f"{args.ref} {row.get('ref_us', float('nan')):7.1f}  cublas {row.get('cublas_us', float('nan')):7.1f}  "
+                  f"best plan {best} {row['plans'].get(best, float('nan')):7.1f}  mismatches {len(row['mismatch'])}"
+                  + (f"  ERROR {row['error']}" if "error" in row else ""), flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    res["seconds"] = time.time() - res["started"]
+    summary = {}
+    for M in Ms:
+        rows = [r for r in res["rows"] if r["M"] == M and "ours_us" in r]
+        if rows:
+            gm = lambda key: math.exp(sum(math.log(r["cublas_us"] / r[key]) for r in rows) / len(rows))  # noqa: E731
+            summary[M] = {"ours_vs_cublas": gm("ours_us"), "ref_vs_cublas": gm("ref_us"), "shapes": len(rows)}
+    res["summary"] = summary
+    res["mismatches"] = sum(len(r["mismatch"]) for r in res["rows"])
+    res["errors"] = sum("error" in r for r in res["rows"])
+    dump()
+    print(f"{'M':>6} {'ours/cuBLAS':>12} {args.ref + '/cuBLAS':>16}  (geomean of cuBLAS us / us)")
+    for M, s in summary.items():
+        print(f"{M:>6} {s['ours_vs_cublas']:12.3f} {s['ref_vs_cublas']:16.3f}")
+    print(f"mismatches {res['mismatches']}, errors {res['errors']}; {res['seconds']:.0f} s -> {path}")
+    return 1 if res["mismatches"] or res["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

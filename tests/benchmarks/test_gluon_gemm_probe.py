@@ -1,0 +1,81 @@
+"""The Gluon GEMM's device call (benchmarks/gpu_gemm_gluon.sh) and its probe's arguments, on the CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from areal_tik_plugin.runtime import loader
+from tests.helpers.scripts import ROOT, load_script
+
+
+def test_probe_arguments_and_plans():
+    probe = load_script("gluon_gemm_probe")
+    assert probe.parse_ms("65, 256,1024") == [65, 256, 1024]
+    for bad in ("", "0", "12,x", "-3"):
+        with pytest.raises(ValueError, match="comma list of positive integers"):
+            probe.parse_ms(bad)
+    g = loader.load_implementation(os.path.join(ROOT, "kernels", "tik_v7")).module("gemm_gluon")
+    ps = probe.plans(g)
+    assert len(ps) == 2 * len(g.BLOCK_NS) and len({(p["BLOCK_N"], p["split"]) for p in ps}) == len(ps)
+    names = {probe.plan_name(g.plan(256, 4096, 12288, 2048, 132, dict(p, BLOCK_N=min(p["BLOCK_N"], 128)))) for p in ps}
+    assert names == {"n128_split_s6", "n128_fused_s6", "n64_split_s8", "n64_fused_s8"}
+
+
+def test_device_script_steps_and_refusals():
+    sh = os.path.join(ROOT, "benchmarks", "gpu_gemm_gluon.sh")
+    r = subprocess.run(["bash", sh, "--dry-run", "--impl", "tik_v7", "--probe-s", "90"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("+ timeout 90 env TIK_IMPLEMENTATION=tik_v7 python3 -m "
+                                                   "benchmarks.probes.gluon_gemm_probe")
+    assert "--ops gemm --no-bench" in lines[1] and "tma_host_probe --only attention" in lines[2]
+    for args, msg in ((["--bogus"], "unknown option --bogus"), (["--probe-s", "1m"], "whole seconds"),
+                      (["--impl"], "--impl needs a value")):
+        r = subprocess.run(["bash", sh, *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
+
+
+@pytest.mark.parametrize("name,spec", [("plan", "h200_gemm"), ("cpu_plan", "cpu_gemm_smoke")])
+def test_search_plan_is_generated_valid_and_builds_tik_v7(tmp_path, name, spec):
+    """benchmarks/search_plans/h200_gemm/gluon: the plan files are what gen_plan.py writes, the plan driver accepts
+    them, their workloads are names of their spec, the first step's tree is kernels/tik_v7's source and each knob
+    edit applies to it (one line of gemm_gluon.py)."""
+    import importlib.util
+    import pathlib
+
+    import yaml
+
+    from areal_tik_plugin.search import edits as E
+    from areal_tik_plugin.search.drivers.plan import PlanDriver
+
+    here = pathlib.Path(ROOT) / "benchmarks" / "search_plans" / "h200_gemm" / "gluon"
+    spec_ = importlib.util.spec_from_file_location("_gluon_gemm_gen_plan", here / "gen_plan.py")
+    gen = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(gen)
+    out = tmp_path / f"{name}.yaml"
+    gen.write(str(out), gen.H200_TW if name == "plan" else gen.CPU_TW)
+    assert out.read_text() == (here / f"{name}.yaml").read_text(), "re-run gen_plan.py"
+    PlanDriver(str(here / f"{name}.yaml"))
+    plan = yaml.safe_load((here / f"{name}.yaml").read_text())
+    sp = yaml.safe_load((pathlib.Path(ROOT) / "search" / "specs" / f"{spec}.yaml").read_text())
+    names = {w["name"] for w in sp["workloads"]}
+    opps = list(plan["initial"]["opportunities"])
+    for s in plan["steps"]:
+        for b in ("on_promoted", "on_verified", "on_slower", "on_failed"):
+            opps += s[b].get("opportunities") or []
+    assert all(set(o["target_workloads"]) <= names for o in opps)
+    assert plan["root"] == "tik_v6"
+    v6 = E.read_files(os.path.join(ROOT, "kernels", "tik_v6"))
+    v7 = E.read_files(os.path.join(ROOT, "kernels", "tik_v7"))
+    first = plan["steps"][0]
+    tree = E.read_files(str(here / first["from_dir"]))
+    assert tree == v7 and E.apply_edits(v6, E.edits_from_dirs(v6, tree)) == v7
+    for s in plan["steps"][1:]:
+        with open(here / s["edits"]) as f:
+            files = E.apply_edits(v7, E.parse_search_replace(f.read()))
+        diff = [r for r in files if files[r] != v7[r]]
+        assert diff == ["gemm_gluon.py"], s["opportunity"]
