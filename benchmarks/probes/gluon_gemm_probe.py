@@ -3,7 +3,8 @@ kernels and cuBLAS, in one process.
 
 For every dense shape of ``benchmarks.gemm_sweep.SHAPES`` (lm_head left out) and every M of ``--m``:
 the bits of ``gemm.linear`` through the Gluon kernel (config_for's plan, then every other plan of
-BLOCK_N x split, at the M values of ``--alt-m``) against the reference implementation's ``linear`` (``--ref``, default tik_v6: its
+BLOCK_N x split, at the M values of ``--alt-m``, in the kernel's M band or outside it: M = 64 is
+gemm.py's decode-sized kernels' today) against the reference implementation's ``linear`` (``--ref``, default tik_v6: its
 contract evidence covers M 1..65536), the same call repeated (the tile tickets must be back at 0), a
 biased and an fp16 call on the first M; then CUDA-graph replay times over enough weight copies to exceed
 L2 (as gemm_sweep): the Gluon plan, the reference's config_for choice, and cuBLAS (``F.linear``, the
@@ -24,7 +25,7 @@ import os
 import sys
 import time
 
-DEFAULT_M = (65, 128, 256, 777, 1024)
+DEFAULT_M = (64, 65, 128, 256, 777, 1024)
 
 
 def parse_ms(text: str) -> list[int]:
@@ -52,8 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ref", default="tik_v6", help="the implementation whose linear gives the reference bits")
     ap.add_argument("--m", default=",".join(map(str, DEFAULT_M)))
     ap.add_argument("--shapes", default="", help="comma list of model:layer (default: every non-lm_head shape)")
-    ap.add_argument("--alt-m", default="256", help="comma list of the M values where every other plan is checked "
-                    "and timed too ('' for none)")
+    ap.add_argument("--alt-m", default="64,256", help="comma list of the M values where every plan is checked and "
+                    "timed too, in gemm_gluon's M band or not ('' for none)")
     args = ap.parse_args(argv)
     try:
         Ms = parse_ms(args.m)
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
                     xh, wh = x.half(), ws[0].half()
                     if not torch.equal(bits(gemm.linear(xh, wh, config=cfg)), bits(ref.linear(xh, wh, config=rcfg))):
                         row["mismatch"].append(f"{cfg['name']}/fp16")
-                alts = plans(g) if M in alt_ms and cfg.get("gluon") else []
+                alts = plans(g) if M in alt_ms else []   # outside the band too: what the kernel would give there
                 for p in alts:
                     pc = dict(cfg, gluon={"BLOCK_N": p["BLOCK_N"], "split": p["split"], "stages": None})
                     name = plan_name(g.plan(M, N, K, gemm.split_chunk(K), sms, dict(p)))
