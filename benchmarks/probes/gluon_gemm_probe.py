@@ -10,8 +10,9 @@ biased and an fp16 call on the first M; then CUDA-graph replay times over enough
 L2 (as gemm_sweep): the Gluon plan, the reference's config_for choice, and cuBLAS (``F.linear``, the
 baseline a user gets from torch). A bit mismatch is reported and that plan is not timed.
 
-Writes ``gluon_gemm_probe-<impl>.json`` under ``--out`` after every row (a hang leaves the rows before it)
-and prints a table and, per M, the geomean of cuBLAS time / ours for the Gluon plan and for the reference.
+``--guard-s`` first runs every plan on three small problems in a child process under a wall-clock limit
+(a hang or a crash there ends the probe with exit 3 instead of taking the device call with it). Writes
+``gluon_gemm_probe-<impl>.json`` under ``--out`` after every row (a hang leaves the rows before it) and prints a table and, per M, the geomean of cuBLAS time / ours for the Gluon plan and for the reference.
 
 Usage (GPU): ``TIK_IMPLEMENTATION=tik_v7 python -m benchmarks.probes.gluon_gemm_probe --out $OUT``.
 """
@@ -26,6 +27,7 @@ import sys
 import time
 
 DEFAULT_M = (64, 65, 128, 256, 777, 1024)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def parse_ms(text: str) -> list[int]:
@@ -55,7 +57,14 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="comma list of model:layer (default: every non-lm_head shape)")
     ap.add_argument("--alt-m", default="64,256", help="comma list of the M values where every plan is checked and "
                     "timed too, in gemm_gluon's M band or not ('' for none)")
+    ap.add_argument("--guard-s", type=float, default=0.0,
+                    help="first run every plan once on two small problems in a child process with this wall-clock "
+                         "limit: a hang or a crash there is reported and ends the probe (exit 3) instead of taking "
+                         "the call with it (0: no guard)")
+    ap.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)   # the guard's child
     args = ap.parse_args(argv)
+    if args.guard_s < 0:
+        ap.error(f"--guard-s: expected >= 0, got {args.guard_s}")
     try:
         Ms = parse_ms(args.m)
         alt_ms = set(parse_ms(args.alt_m)) if args.alt_m.strip() else set()
@@ -85,6 +94,8 @@ def main(argv=None) -> int:
         shapes = {k: v for k, v in SHAPES.items() if f"{k[0]}:{k[1]}" in want}
         if not shapes:
             ap.error(f"--shapes: none of {sorted(want)} in {sorted(f'{a}:{b}' for a, b in SHAPES)}")
+    if args.smoke:
+        return smoke(torch, gemm, g, ref, sms)
     res = {"implementation": impl.name, "source_hash": impl.source_hash, "reference": args.ref,
            "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": [], "started": time.time()}
     os.makedirs(args.out, exist_ok=True)
@@ -93,6 +104,13 @@ def main(argv=None) -> int:
     def dump():
         with open(path, "w") as f:
             json.dump(res, f, indent=1)
+
+    if args.guard_s:
+        res["guard"] = guard(args.ref, args.guard_s)
+        if res["guard"]["status"] != "ok":
+            dump()
+            print(f"gluon_gemm_probe: the guard run ended {res['guard']['status']}; nothing else run", file=sys.stderr)
+            return 3
 
     for (model, layer), (N, K) in shapes.items():
         copies = stream_copies(N * K * 2)
@@ -159,6 +177,49 @@ def main(argv=None) -> int:
         print(f"{M:>6} {s['ours_vs_cublas']:12.3f} {s['ref_vs_cublas']:16.3f}")
     print(f"mismatches {res['mismatches']}, errors {res['errors']}; {res['seconds']:.0f} s -> {path}")
     return 1 if res["mismatches"] or res["errors"] else 0
+
+
+SMOKE = ((200, 4096, 12288), (130, 1536, 1536), (77, 2560, 9728))   # split weights, a one-chunk weight, odd M
+
+
+def smoke(torch, gemm, g, ref, sms) -> int:
+    """The guard's child: every plan twice (the second call reuses the tickets) on SMOKE's problems with a bias,
+    synchronized after each; prints each result; exit 1 on a bit mismatch against the reference."""
+    from areal_tik_plugin.contract.suite import bits
+
+    bad = 0
+    for M, N, K in SMOKE:
+        torch.manual_seed(M)
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = (torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
+        b = torch.randn(N, device="cuda").to(torch.bfloat16)
+        base = gemm.config_for(M, N, K, sms)
+        want = bits(ref.linear(x, w, b, config=ref.config_for(M, N, K, sms))).clone()
+        for p in plans(g):
+            pc = dict(base, gluon={"BLOCK_N": p["BLOCK_N"], "split": p["split"], "stages": None})
+            for rep in range(2):
+                y = gemm.linear(x, w, b, config=pc)
+                torch.cuda.synchronize()
+                ok = torch.equal(bits(y), want)
+                bad += not ok
+                print(f"smoke M={M} N={N} K={K} n{p['BLOCK_N']} split {p['split']} call {rep}: bits equal {ok}",
+                      flush=True)
+    return 1 if bad else 0
+
+
+def guard(ref: str, limit_s: float) -> dict:
+    """``--smoke`` in a child process with a wall-clock limit: status ok / mismatch / timeout / error."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "benchmarks.probes.gluon_gemm_probe", "--out", os.devnull, "--ref", ref, "--smoke"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, cwd=ROOT)
+        status = {0: "ok", 1: "mismatch"}.get(r.returncode, f"error (exit {r.returncode})")
+        tail = (r.stdout + r.stderr)[-1500:]
+    except subprocess.TimeoutExpired as e:
+        status, tail = f"timeout ({limit_s:.0f} s)", str((e.stdout or b"")[-1500:])
+    print(f"guard: {status}", flush=True)
+    return {"status": status, "tail": tail}
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def test_device_script_steps_and_refusals():
                        cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 3 and lines[0].startswith("+ timeout 90 env TIK_IMPLEMENTATION=tik_v7 python3 -m "
+    assert len(lines) == 3 and "--guard-s 90" in lines[0] and lines[0].startswith("+ timeout 90 env TIK_IMPLEMENTATION=tik_v7 python3 -m "
                                                    "benchmarks.probes.gluon_gemm_probe")
     assert "--ops gemm --no-bench" in lines[1] and "tma_host_probe --only attention" in lines[2]
     for args, msg in ((["--bogus"], "unknown option --bogus"), (["--probe-s", "1m"], "whole seconds"),
