@@ -14,30 +14,16 @@ Usage: ``python benchmarks/compile_gemm_gluon_sm90.py [--impl kernels/tik_v7] [-
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import re
 import sys
-import types
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.compile_attention_sm90 import ptxas_v  # noqa: E402
+from benchmarks.compile_gluon_sm90 import _load  # noqa: E402
 
 SMEM_LIMIT = 227 * 1024
-
-
-def _load(impl: str):
-    """gemm_gluon of the implementation folder as a module of a package over that folder, without the loader
-    (which would switch on the interpreter here)."""
-    path = os.path.join(impl, "gemm_gluon.py")
-    if not os.path.isfile(path):
-        raise SystemExit(f"compile_gemm_gluon_sm90: {path} not found (expected an implementation folder with "
-                         "gemm_gluon.py)")
-    pkg = types.ModuleType("_tik_gemm_gluon_sm90")
-    pkg.__path__ = [os.path.abspath(impl)]
-    sys.modules[pkg.__name__] = pkg
-    return importlib.import_module("_tik_gemm_gluon_sm90.gemm_gluon")
 
 
 def variants(g, quick: bool = False) -> list[dict]:
@@ -122,7 +108,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         ap.error("TRITON_INTERPRET is set: Gluon kernels only compile for the GPU; unset it")
-    g = _load(args.impl)
+    g = _load(args.impl, "gemm_gluon", "compile_gemm_gluon_sm90")
     res, bad = [], 0
     for v in variants(g, args.quick):
         r = compile_variant(g, v)

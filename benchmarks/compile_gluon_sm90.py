@@ -28,17 +28,16 @@ from benchmarks.compile_attention_sm90 import ptxas_v  # noqa: E402
 SMEM_LIMIT = 227 * 1024
 
 
-def _load(impl: str):
-    """attention_gluon of the implementation folder as a module of a package over that folder (its
-    relative imports resolve there), without the loader, which would switch on the interpreter here."""
-    path = os.path.join(impl, "attention_gluon.py")
+def _load(impl: str, module: str = "attention_gluon", script: str = "compile_gluon_sm90"):
+    """``module`` of the implementation folder as a module of a package over that folder (its relative imports
+    resolve there), without the loader, which would switch on the interpreter here."""
+    path = os.path.join(impl, f"{module}.py")
     if not os.path.isfile(path):
-        raise SystemExit(f"compile_gluon_sm90: {path} not found (expected an implementation folder with "
-                         "attention_gluon.py)")
-    pkg = types.ModuleType("_tik_gluon_sm90")
+        raise SystemExit(f"{script}: {path} not found (expected an implementation folder with {module}.py)")
+    pkg = types.ModuleType(f"_tik_{module}_sm90")
     pkg.__path__ = [os.path.abspath(impl)]
     sys.modules[pkg.__name__] = pkg
-    return importlib.import_module("_tik_gluon_sm90.attention_gluon")
+    return importlib.import_module(f"{pkg.__name__}.{module}")
 
 
 TILES = (64, 128)   # the contract's ATTN_KV_TILE and its coupled alternative

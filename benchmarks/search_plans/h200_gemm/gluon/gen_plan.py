@@ -7,11 +7,17 @@ README.md beside this file explains each step. Usage: ``python benchmarks/search
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location(
+    "_attn_next_gen_plan", os.path.join(HERE, "..", "..", "h200_attention", "next", "gen_plan.py"))
+_next = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_next)
+br = _next.br   # the branch-record builder of the other plans
 SRC = "gemm_gluon.py"
 TREE = "../../../../kernels/tik_v7"     # relative to this folder (the plan driver resolves it from the plan file)
 
@@ -66,13 +72,6 @@ FALSIFIER = {
     "nosplit": "the M256 split-weight rows (4b / 8b o and down) not slower than gws: the workspace path buys nothing.",
     "m1024": "the M256 rows not slower than gws: the Gluon kernel buys nothing at M = 256.",
 }
-
-
-def br(decision, interp, rationale, opps=()):
-    d = {"decision": decision, "interpretation": interp, "rationale": rationale}
-    if opps:
-        d["opportunities"] = list(opps)
-    return d
 
 
 def opp(key, base, tw, applies, prio, kind="followup"):
