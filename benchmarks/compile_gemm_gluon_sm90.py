@@ -1,7 +1,7 @@
 """Compile an implementation's Gluon GEMM (``gemm_gluon.py``) for sm_90 on a CPU box (no GPU).
 
 Every work-item form gemm_gluon.plan can choose (BLOCK_N 256 on one-chunk weights only; split items on
-weights of several chunks), bf16 with and without a bias, plus fp16: registers, spill bytes and shared
+weights of several chunks; 128-row tiles on two consumer warpgroups and 64-row ones on one), bf16 with and without a bias, plus fp16: registers, spill bytes and shared
 memory from the triton wheel's ptxas, the wgmma instruction shapes, TMA loads, setmaxnreg, whether ptxas
 serialized the wgmma (C7514 / C7515) and whether any fp32 fma appears (FP contraction must stay off).
 Fails (exit 1) on a compile error, a spill, more than 227 KiB of shared memory, loads or MMAs that are not
@@ -27,17 +27,20 @@ SMEM_LIMIT = 227 * 1024
 
 
 def variants(g, quick: bool = False) -> list[dict]:
-    """(BLOCK_N, split, chunks, bias, dtype) that plan() can choose; --quick: one per (BLOCK_N, split)."""
+    """(BLOCK_N, split, chunks, halves, bias, dtype) that plan() can choose; --quick: one per (BLOCK_N, split,
+    halves)."""
     out = []
-    for bn in g.BLOCK_NS:
-        for split in (0, 1):
-            for chunks in (1, 6):
-                if (split and chunks == 1) or (bn == 256 and chunks > 1):
-                    continue
-                for bias in ((False,) if quick else (False, True)):
-                    out.append({"BLOCK_N": bn, "split": split, "chunks": chunks, "bias": bias, "dtype": "bf16"})
+    for halves in (2, 1):
+        for bn in g.BLOCK_NS:
+            for split in (0, 1):
+                for chunks in (1, 6):
+                    if (split and chunks == 1) or (bn == 256 and chunks > 1) or (quick and not split and chunks > 1):
+                        continue
+                    for bias in ((False,) if quick else (False, True)):
+                        out.append({"BLOCK_N": bn, "split": split, "chunks": chunks, "halves": halves, "bias": bias,
+                                    "dtype": "bf16"})
     if not quick:
-        out.append({"BLOCK_N": 128, "split": 1, "chunks": 2, "bias": True, "dtype": "fp16"})
+        out.append({"BLOCK_N": 128, "split": 1, "chunks": 2, "halves": 2, "bias": True, "dtype": "fp16"})
     return out
 
 
@@ -62,9 +65,9 @@ def compile_variant(g, v: dict) -> dict:
     sig = {"x_desc": desc(g.HALF_M), "w_desc": desc(bn), "Y": ptr, "P": "*fp32" if v["split"] else ptr, "Bias": ptr,
            "CNT": "*i32" if v["split"] else ptr, "M": "i32", "N": "i32", "K": "i32", "stride_ym": "i32", "n_m": "i32",
            "n_n": "i32", "n_items": "i32"}
-    stages = g.STAGES[bn]
+    stages = g.STAGES[bn, v["halves"]]
     cx = {"CHUNK_K": 2048, "N_CHUNKS": v["chunks"], "GROUP": g.GROUP_M, "SPLIT": bool(v["split"]), "HAS_BIAS": v["bias"],
-          "STAGES": stages, "BN": bn, "BK": bk}
+          "STAGES": stages, "BN": bn, "BK": bk, "HALVES": v["halves"]}
     sig.update({k: "constexpr" for k in cx})
     c = triton.compile(GluonASTSource(g._linear_gluon_ws, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4, "enable_fp_fusion": False})
@@ -93,9 +96,10 @@ def failures(r: dict) -> list[str]:
         out.append("ptxas serialized the wgmma")
     if r["fma_f32"]:
         out.append(f"{r['fma_f32']} fp32 fma (FP contraction must be off)")
-    if 128 * (max(r["setmaxnreg_inc"], default=0) + sum(r["worker_regs"])) > 65536:
+    regs = max(r["setmaxnreg_inc"], default=0) + (sum(r["worker_regs"]) if r["halves"] == 2 else r["worker_regs"][1])
+    if 128 * regs > 65536:
         out.append("setmaxnreg asks more than 64K registers per SM")
-    if r["split"] and len(r["named_barriers"]) < 2:
+    if r["split"] and len(r["named_barriers"]) < r["halves"]:
         out.append(f"the consumers' ticket barriers are not one named barrier each ({r['named_barriers']})")
     return out
 
@@ -104,7 +108,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/compile_gemm_gluon_sm90.py")
     ap.add_argument("--impl", default="kernels/tik_v7")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--quick", action="store_true", help="one variant per (BLOCK_N, split), no bias, bf16")
+    ap.add_argument("--quick", action="store_true", help="one variant per (BLOCK_N, split, halves), no bias, bf16")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         ap.error("TRITON_INTERPRET is set: Gluon kernels only compile for the GPU; unset it")
@@ -115,7 +119,7 @@ def main(argv=None) -> int:
         f = failures(r)
         bad += bool(f)
         res.append(r)
-        print(f"{'FAIL' if f else 'ok  '} n{r['BLOCK_N']:<3} {'split' if r['split'] else 'fused'} chunks {r['chunks']} "
+        print(f"{'FAIL' if f else 'ok  '} m{64 * r['halves']:<3} n{r['BLOCK_N']:<3} {'split' if r['split'] else 'fused'} chunks {r['chunks']} "
               f"bias {r['bias']!s:5} {r['dtype']} s{r['stages']} regs {r['regs']} spill {r['spill_bytes']} "
               f"smem {r['smem']} setmaxnreg {r['setmaxnreg_inc']} wgmma {','.join(r['wgmma'])}"
               + (f"  ({'; '.join(f)})" if f else ""), flush=True)

@@ -41,12 +41,12 @@ def parse_ms(text: str) -> list[int]:
 
 
 def plans(g) -> list[dict]:
-    """Every (BLOCK_N, split) knob set of gemm_gluon at its default ring depth."""
+    """Every (BLOCK_N, split) knob set of gemm_gluon at its default ring depth (64- or 128-row tiles by M)."""
     return [g.config(BLOCK_N=bn, split=s) for bn in g.BLOCK_NS for s in (0, 1)]
 
 
 def plan_name(p: dict) -> str:
-    return f"n{p['BLOCK_N']}_{'split' if p['split'] else 'fused'}_s{p['stages']}"
+    return f"m{64 * p['halves']}_n{p['BLOCK_N']}_{'split' if p['split'] else 'fused'}_s{p['stages']}"
 
 
 def main(argv=None) -> int:

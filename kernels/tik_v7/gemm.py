@@ -524,12 +524,12 @@ def _gluon_config(M: int, N: int, K: int, num_sms: int, knobs: tuple) -> dict:
     p = g.plan(M, N, K, split_chunk(K), num_sms)
     if p["items"] < g.MIN_ITEMS_PER_SM * num_sms:   # too few 128-row tiles: the Triton mid-M rule's 64-row ones
         return {}
-    return _gluon_cfg(p["BLOCK_N"], p["split"], p["stages"])
+    return _gluon_cfg(p["BLOCK_N"], p["split"], p["stages"], p["halves"])
 
 
-def _gluon_cfg(bn: int, split: int, stages: int) -> dict:
-    return {"gluon": {"BLOCK_N": bn, "split": split, "stages": stages},
-            "name": f"gluon_ws_m128_n{bn}_{'split' if split else 'fused'}_s{stages}"}
+def _gluon_cfg(bn: int, split: int, stages: int, halves: int) -> dict:
+    return {"gluon": {"BLOCK_N": bn, "split": split, "stages": stages, "halves": halves},
+            "name": f"gluon_ws_m{64 * halves}_n{bn}_{'split' if split else 'fused'}_s{stages}"}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -671,7 +671,8 @@ def all_configs() -> list[dict]:
         base = _small_config(128, 128, split="partial", warps=8)
         for bn in g.BLOCK_NS:
             for split in (0, 1):
-                add(dict(base, tma=False, **_gluon_cfg(bn, split, g.STAGES[bn])))
+                for halves in (2, 1):
+                    add(dict(base, tma=False, **_gluon_cfg(bn, split, g.STAGES[bn, halves], halves)))
     return out
 
 

@@ -14,7 +14,8 @@ instruction stream and a launch per tile or per (tile, chunk); the H200 sweep le
 cuBLAS at M = 256 (evidence/probes/gemm/gemm_sweep-split-h200.log). Here one program per SM walks its
 work items; a producer warp keeps a ring of ``STAGES`` X / W tiles filled by TMA (the next item's tiles
 load under the current item's last MMAs and epilogue) and two consumer warpgroups each run the wgmma
-chain of one 64-row half of a 128-row tile over the same W tile.
+chain of one 64-row half of a 128-row tile over the same W tile (at decode-sized M, ``halves`` 1: one consumer
+warpgroup on 64-row tiles and a deeper ring).
 
 Work items (free knob, no bit depends on it):
 * ``split`` 1 (a weight of several chunks): an item is (chunk, tile); its partial goes to an fp32
@@ -43,12 +44,14 @@ from . import _rowops as R
 from . import contract as C
 
 DTYPES = (torch.bfloat16, torch.float16)
-HALF_M = 64             # rows per consumer warpgroup (one wgmma M); a tile is two halves
-BLOCK_M = 2 * HALF_M
-# Free knobs (no bit depends on them). BLOCK_N candidates and the ring depth per BLOCK_N (shared memory:
-# STAGES x (2 x 64 + BLOCK_N) x 64 x 2 bytes <= ~200 KB, one program per SM).
+HALF_M = 64             # rows per consumer warpgroup (one wgmma M); a tile is one or two halves (``halves``)
+# Free knobs (no bit depends on them). BLOCK_N candidates and the ring depth per (BLOCK_N, halves) (shared
+# memory: STAGES x (halves x 64 + BLOCK_N) x 64 x 2 bytes <= ~200 KB, one program per SM).
 BLOCK_NS = (256, 128, 64)
-STAGES = {256: 4, 128: 6, 64: 8}
+STAGES = {(256, 2): 4, (128, 2): 6, (64, 2): 8, (256, 1): 5, (128, 1): 8, (64, 1): 12}
+# 64-row tiles on one consumer warpgroup for M <= HALVES_1_MAX_M (decode-sized batches: the weights stream
+# through a deeper ring, no warpgroup computes rows past M), 128-row tiles on two above
+HALVES_1_MAX_M = 64
 # Relative per-SM throughput of one tile step by BLOCK_N (wider wgmma reads the X tile once for more
 # columns); the work-item rule below weighs waves x tile width / speed. A model until the probe measures it.
 SPEED = {256: 1.0, 128: 0.95, 64: 0.8}
@@ -61,9 +64,10 @@ MIN_ITEMS_PER_SM = 0.5  # fewer items per SM (small N, one chunk): gemm.py's mid
 SPLIT_ITEMS = True      # False: every item a whole tile (no workspace, no tickets) unless a config asks for split
 REGS_CONSUMER = gl.constexpr(232)
 REGS_PRODUCER = gl.constexpr(24)
-KNOBS = {"BLOCK_N": BLOCK_NS, "stages": (2, 3, 4, 5, 6, 7, 8), "split": (0, 1), "group": (1, 4, 8, 16)}
+KNOBS = {"BLOCK_N": BLOCK_NS, "stages": tuple(range(2, 13)), "split": (0, 1), "group": (1, 4, 8, 16),
+         "halves": (1, 2)}
 # (module-level knobs the search may move: MIN_M, MAX_M, SPLIT_MIN_WAVES, MIN_ITEMS_PER_SM, SPLIT_ITEMS, SPEED,
-# STAGES)
+# STAGES, HALVES_1_MAX_M)
 
 
 @gluon.jit
@@ -100,22 +104,24 @@ def _k_range(c, K, CHUNK_K: gl.constexpr, BK: gl.constexpr, SPLIT: gl.constexpr)
 
 @gluon.jit
 def _producer(x_desc, w_desc, x0_s, x1_s, w_s, ready, empty, K, n_m, n_n, n_items, CHUNK_K: gl.constexpr,
-              GROUP: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
-    """One warp: the TMA loads of this program's items in order, into ring slot cnt % STAGES once both
-    consumers released it. Rows past M / N and columns past K are zero-filled by TMA."""
-    nbytes: gl.constexpr = 2 * x_desc.block_type.nbytes + w_desc.block_type.nbytes
+              GROUP: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+              HALVES: gl.constexpr):
+    """One warp: the TMA loads of this program's items in order, into ring slot cnt % STAGES once every
+    consumer released it. Rows past M / N and columns past K are zero-filled by TMA."""
+    nbytes: gl.constexpr = HALVES * x_desc.block_type.nbytes + w_desc.block_type.nbytes
     cnt = 0
     for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
         c, t, pid_m, pid_n = _item(w, n_m, n_n, GROUP, SPLIT)
         k_lo, n_k = _k_range(c, K, CHUNK_K, BK, SPLIT)
-        row = pid_m * (2 * 64)
+        row = pid_m * (HALVES * 64)
         for kk in range(n_k):
             st = cnt % STAGES
             mbarrier.wait(empty.index(st), ((cnt // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(st), nbytes)
             col = k_lo + kk * BK
             tma.async_copy_global_to_shared(x_desc, [row, col], ready.index(st), x0_s.index(st))
-            tma.async_copy_global_to_shared(x_desc, [row + 64, col], ready.index(st), x1_s.index(st))
+            if HALVES == 2:
+                tma.async_copy_global_to_shared(x_desc, [row + 64, col], ready.index(st), x1_s.index(st))
             tma.async_copy_global_to_shared(w_desc, [pid_n * BN, col], ready.index(st), w_s.index(st))
             cnt += 1
 
@@ -152,7 +158,7 @@ def _epilogue(acc, Y, Bias, rows, cols, mask, N, stride_ym, HAS_BIAS: gl.constex
 def _consumer(x_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n_n, n_items,
               HALF: gl.constexpr, CHUNK_K: gl.constexpr, N_CHUNKS: gl.constexpr, GROUP: gl.constexpr,
               SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr,
-              BK: gl.constexpr):
+              BK: gl.constexpr, HALVES: gl.constexpr):
     """Consumer warpgroup HALF (0: the default partition, 1: a worker): rows HALF * 64 .. + 64 of every tile."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     offs_r = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
@@ -162,7 +168,7 @@ def _consumer(x_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, 
     for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
         c, t, pid_m, pid_n = _item(w, n_m, n_n, GROUP, SPLIT)
         k_lo, n_k = _k_range(c, K, CHUNK_K, BK, SPLIT)
-        rows = pid_m * (2 * 64) + HALF * 64 + offs_r
+        rows = pid_m * (HALVES * 64) + HALF * 64 + offs_r
         cols = pid_n * BN + offs_c
         mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
         if SPLIT:
@@ -195,44 +201,54 @@ def _consumer(x_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, 
 @gluon.jit
 def _producer_entry(x_desc, w_desc, x0_s, x1_s, w_s, ready, empty, K, n_m, n_n, n_items, CHUNK_K: gl.constexpr,
                     GROUP: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr,
-                    BK: gl.constexpr):
+                    BK: gl.constexpr, HALVES: gl.constexpr):
     _producer(x_desc, w_desc, x0_s, x1_s, w_s, ready, empty, K, n_m, n_n, n_items, CHUNK_K, GROUP, SPLIT, STAGES,
-              BN, BK)
+              BN, BK, HALVES)
 
 
 @gluon.jit
 def _linear_gluon_ws(x_desc, w_desc, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n_n, n_items,
                      CHUNK_K: gl.constexpr, N_CHUNKS: gl.constexpr, GROUP: gl.constexpr, SPLIT: gl.constexpr,
-                     HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
+                     HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                     HALVES: gl.constexpr = 2):
     """``Y = X @ W^T (+ bias)`` over ``n_items`` work items (see the module docstring), dealt to the programs
     in rounds (item p, p + P, ...). x_desc: X [M, K] in [64, BK] boxes; w_desc: W [N, K] in [BN, BK] boxes.
-    P: the fp32 workspace [N_CHUNKS, M, N] (SPLIT); CNT: 2 x tiles int32 tickets, 0 before and after."""
+    P: the fp32 workspace [N_CHUNKS, M, N] (SPLIT); CNT: 2 x tiles int32 tickets, 0 before and after.
+    HALVES: 64-row consumer warpgroups per tile (2: 128-row tiles; 1: 64-row tiles for decode-sized M)."""
     dt: gl.constexpr = x_desc.dtype
     x0_s = gl.allocate_shared_memory(dt, [STAGES, 64, BK], x_desc.layout)
-    x1_s = gl.allocate_shared_memory(dt, [STAGES, 64, BK], x_desc.layout)
+    x1_s = gl.allocate_shared_memory(dt, [STAGES if HALVES == 2 else 1, 64, BK], x_desc.layout)
     w_s = gl.allocate_shared_memory(dt, [STAGES, BN, BK], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
+        mbarrier.init(empty.index(i), count=HALVES)
     fence_async_shared()
-    gl.warp_specialize([
-        (_consumer, (x0_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n_n, n_items, 0, CHUNK_K,
-                     N_CHUNKS, GROUP, SPLIT, HAS_BIAS, STAGES, BN, BK)),
-        (_consumer, (x1_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n_n, n_items, 1, CHUNK_K,
-                     N_CHUNKS, GROUP, SPLIT, HAS_BIAS, STAGES, BN, BK)),
-        (_producer_entry, (x_desc, w_desc, x0_s, x1_s, w_s, ready, empty, K, n_m, n_n, n_items, CHUNK_K, GROUP,
-                           SPLIT, STAGES, BN, BK)),
-    ], [4, 1], [REGS_CONSUMER, REGS_PRODUCER])
+    if HALVES == 2:
+        gl.warp_specialize([
+            (_consumer, (x0_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n_n, n_items, 0, CHUNK_K,
+                         N_CHUNKS, GROUP, SPLIT, HAS_BIAS, STAGES, BN, BK, HALVES)),
+            (_consumer, (x1_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n_n, n_items, 1, CHUNK_K,
+                         N_CHUNKS, GROUP, SPLIT, HAS_BIAS, STAGES, BN, BK, HALVES)),
+            (_producer_entry, (x_desc, w_desc, x0_s, x1_s, w_s, ready, empty, K, n_m, n_n, n_items, CHUNK_K, GROUP,
+                               SPLIT, STAGES, BN, BK, HALVES)),
+        ], [4, 1], [REGS_CONSUMER, REGS_PRODUCER])
+    else:
+        gl.warp_specialize([
+            (_consumer, (x0_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n_n, n_items, 0, CHUNK_K,
+                         N_CHUNKS, GROUP, SPLIT, HAS_BIAS, STAGES, BN, BK, HALVES)),
+            (_producer_entry, (x_desc, w_desc, x0_s, x1_s, w_s, ready, empty, K, n_m, n_n, n_items, CHUNK_K, GROUP,
+                               SPLIT, STAGES, BN, BK, HALVES)),
+        ], [1], [REGS_PRODUCER])
 
 
 # ------------------------------------------------------------------------------------------------
 # Host side
 # ------------------------------------------------------------------------------------------------
 def config(**over) -> dict:
-    """The launch knobs (``None`` values ignored): BLOCK_N, stages, split, group; refuses unknown ones."""
-    cfg = {"BLOCK_N": None, "stages": None, "split": None, "group": GROUP_M}
+    """The launch knobs (``None`` values ignored): BLOCK_N, stages, split, group, halves; refuses unknown ones."""
+    cfg = {"BLOCK_N": None, "stages": None, "split": None, "group": GROUP_M, "halves": None}
     for k, v in over.items():
         if v is None:
             continue
@@ -247,9 +263,9 @@ def config(**over) -> dict:
 SMEM_RING_MAX = 200 * 1024   # the ring's share of the SM's 227 KB (the rest: barriers, the compiler's scratch)
 
 
-def ring_bytes(bn: int, stages: int) -> int:
-    """Shared memory of a ring of ``stages`` (two 64-row X tiles + one BLOCK_N-row W tile) x GEMM_BLOCK_K."""
-    return stages * (2 * HALF_M + bn) * C.GEMM_BLOCK_K * 2
+def ring_bytes(bn: int, stages: int, halves: int = 2) -> int:
+    """Shared memory of a ring of ``stages`` (``halves`` 64-row X tiles + one BLOCK_N-row W tile) x GEMM_BLOCK_K."""
+    return stages * (halves * HALF_M + bn) * C.GEMM_BLOCK_K * 2
 
 
 def in_band(M: int) -> bool:
@@ -265,19 +281,22 @@ def plan(M: int, N: int, K: int, chunk: int, sms: int, cfg: dict | None = None) 
     work (BLOCK_N x K steps) / SPEED, plus the workspace round trip as one extra step per chunk item.
     Memoized per (shape, knobs): a fresh dict each call."""
     cfg = cfg or config()
-    return dict(_plan(M, N, K, chunk, sms, cfg["BLOCK_N"], cfg["split"], cfg["stages"], cfg["group"], module_knobs()))
+    return dict(_plan(M, N, K, chunk, sms, cfg["BLOCK_N"], cfg["split"], cfg["stages"], cfg["group"],
+                      cfg.get("halves"), module_knobs()))
 
 
 def module_knobs() -> tuple:
     """The module-level knobs plan() reads, read per call (a knob set on the module changes the plan)."""
     return (SPLIT_ITEMS, SPLIT_MIN_WAVES, PROGRAMS_PER_SM, MIN_ITEMS_PER_SM, tuple(SPEED.items()),
-            tuple(STAGES.items()))
+            tuple(STAGES.items()), HALVES_1_MAX_M)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(M: int, N: int, K: int, chunk: int, sms: int, block_n, split_knob, stages, group, knobs: tuple) -> dict:
+def _plan(M: int, N: int, K: int, chunk: int, sms: int, block_n, split_knob, stages, group, halves,
+          knobs: tuple) -> dict:
     n_chunks = -(-K // chunk)
-    n_m = -(-M // BLOCK_M)
+    halves = halves or (1 if M <= HALVES_1_MAX_M else 2)
+    n_m = -(-M // (halves * HALF_M))
     progs = sms * PROGRAMS_PER_SM
     best = None
     # BLOCK_N 256 keeps one accumulator only (two of 128 registers spill at 232 per thread): one-chunk weights
@@ -294,12 +313,12 @@ def _plan(M: int, N: int, K: int, chunk: int, sms: int, block_n, split_knob, sta
             if best is None or key < best[0]:
                 best = (key, bn, split, items, tiles)
     _, bn, split, items, tiles = best
-    stages = stages or STAGES[bn]
-    if ring_bytes(bn, stages) > SMEM_RING_MAX:
-        raise ValueError(f"gemm_gluon: BLOCK_N={bn} with stages={stages} needs {ring_bytes(bn, stages)} bytes of "
-                         f"shared memory for its ring; expected at most {SMEM_RING_MAX} (stages <= "
-                         f"{SMEM_RING_MAX // ring_bytes(bn, 1)} at this BLOCK_N)")
-    return {"BLOCK_N": bn, "split": split, "stages": stages, "group": group, "items": items,
+    stages = stages or STAGES[bn, halves]
+    if ring_bytes(bn, stages, halves) > SMEM_RING_MAX:
+        raise ValueError(f"gemm_gluon: BLOCK_N={bn} with stages={stages} and halves={halves} needs "
+                         f"{ring_bytes(bn, stages, halves)} bytes of shared memory for its ring; expected at most "
+                         f"{SMEM_RING_MAX} (stages <= {SMEM_RING_MAX // ring_bytes(bn, 1, halves)} there)")
+    return {"BLOCK_N": bn, "split": split, "stages": stages, "group": group, "halves": halves, "items": items,
             "tiles": tiles, "n_m": n_m, "n_n": -(-N // bn), "n_chunks": n_chunks, "chunk": chunk,
             "programs": min(items, progs)}
 
@@ -344,6 +363,6 @@ def linear(x, weight, bias, y, chunk: int, sms: int, cfg: dict | None = None):
     has_bias = bias is not None
     args = (xd, wd, y, work, bias if has_bias else y, cnt, M, N, K, y.stride(0), p["n_m"], p["n_n"], p["items"])
     kw = dict(CHUNK_K=chunk, N_CHUNKS=p["n_chunks"], GROUP=p["group"], SPLIT=bool(p["split"]), HAS_BIAS=has_bias,
-              STAGES=p["stages"], BN=bn, BK=bk, num_warps=4, enable_fp_fusion=False)
+              STAGES=p["stages"], BN=bn, BK=bk, HALVES=p["halves"], num_warps=4, enable_fp_fusion=False)
     AG._launch(_linear_gluon_ws, (p["programs"], 1, 1), args, kw)
     return y

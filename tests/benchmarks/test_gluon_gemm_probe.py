@@ -21,7 +21,8 @@ def test_probe_arguments_and_plans():
     ps = probe.plans(g)
     assert len(ps) == 2 * len(g.BLOCK_NS) and len({(p["BLOCK_N"], p["split"]) for p in ps}) == len(ps)
     names = {probe.plan_name(g.plan(256, 4096, 12288, 2048, 132, dict(p, BLOCK_N=min(p["BLOCK_N"], 128)))) for p in ps}
-    assert names == {"n128_split_s6", "n128_fused_s6", "n64_split_s8", "n64_fused_s8"}
+    assert names == {"m128_n128_split_s6", "m128_n128_fused_s6", "m128_n64_split_s8", "m128_n64_fused_s8"}
+    assert probe.plan_name(g.plan(64, 4096, 12288, 2048, 132, g.config(BLOCK_N=64, split=1))) == "m64_n64_split_s12"
 
 
 def test_device_script_steps_and_refusals():
@@ -57,7 +58,7 @@ def test_search_plan_is_generated_valid_and_builds_tik_v7(tmp_path, name, spec):
     gen = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(gen)
     out = tmp_path / f"{name}.yaml"
-    gen.write(str(out), gen.H200_TW if name == "plan" else gen.CPU_TW)
+    gen.write(str(out), gen.H200_TW + gen.SMALL_TW if name == "plan" else gen.CPU_TW)
     assert out.read_text() == (here / f"{name}.yaml").read_text(), "re-run gen_plan.py"
     PlanDriver(str(here / f"{name}.yaml"))
     plan = yaml.safe_load((here / f"{name}.yaml").read_text())

@@ -40,15 +40,16 @@ def test_compiles_for_sm90_without_spills(tmp_path):
     import json
 
     variants = json.loads(out.read_text())["variants"]
-    # every (BLOCK_N, split) form plan() can choose: 256 fused on one chunk, 128 / 64 fused (1 or 6 chunks) and split
-    assert {(v["BLOCK_N"], v["split"], v["chunks"]) for v in variants} == {
-        (256, 0, 1), (128, 0, 1), (128, 0, 6), (128, 1, 6), (64, 0, 1), (64, 0, 6), (64, 1, 6)}
+    # every form plan() can choose, on 128-row tiles (two consumer warpgroups) and 64-row ones (one): 256 fused on
+    # one chunk, 128 / 64 fused and split
+    assert {(v["BLOCK_N"], v["split"], v["chunks"], v["halves"]) for v in variants} == {
+        (bn, s, c, h) for h in (1, 2) for bn, s, c in ((256, 0, 1), (128, 0, 1), (128, 1, 6), (64, 0, 1), (64, 1, 6))}
     for v in variants:
         assert v["spill_bytes"] == 0 and v["tma"] and v["wgmma"] == [f"m64n{v['BLOCK_N']}k16"], v
         assert not v["serialized_wgmma"] and v["fma_f32"] == 0, v
 
 
-@pytest.mark.parametrize("M", [65, 128, 200, 256, 777, 1024])
+@pytest.mark.parametrize("M", [1, 33, 64, 65, 128, 200, 256, 777, 1024])
 def test_work_items_cover_every_chunk_of_every_tile_once(v7, M):
     gemm, g = v7
     bk = 64
@@ -75,13 +76,14 @@ def test_work_items_cover_every_chunk_of_every_tile_once(v7, M):
 
 def test_plan_rule(v7):
     gemm, g = v7
-    for (N, K), M in itertools.product(SHAPES, (65, 128, 256, 512, 1024)):
+    for (N, K), M in itertools.product(SHAPES, (1, 64, 65, 128, 256, 512, 1024)):
         chunk = gemm.split_chunk(K)
         p = g.plan(M, N, K, chunk, 132)
         assert p["programs"] == min(p["items"], 132)
         assert p["split"] == 0 or p["n_chunks"] > 1          # one-chunk weights never go through the workspace
         assert p["BLOCK_N"] < 256 or p["n_chunks"] == 1       # two accumulators of 128 registers would spill
-        assert g.ring_bytes(p["BLOCK_N"], p["stages"]) <= g.SMEM_RING_MAX
+        assert g.ring_bytes(p["BLOCK_N"], p["stages"], p["halves"]) <= g.SMEM_RING_MAX
+        assert p["halves"] == (1 if M <= g.HALVES_1_MAX_M else 2) and p["n_m"] == -(-M // (64 * p["halves"]))
     # Qwen3-8B down at M = 256: 64 tiles of 128 x 128 leave half the SMs idle -> 6 chunks x 64 tiles of items
     p = g.plan(256, 4096, 12288, gemm.split_chunk(12288), 132)
     assert (p["BLOCK_N"], p["split"], p["items"], p["programs"]) == (128, 1, 384, 132)
@@ -95,15 +97,19 @@ def test_knobs_are_checked(v7):
         g.config(warps=8)
     with pytest.raises(ValueError, match=r"BLOCK_N=96; expected one of \(256, 128, 64\)"):
         g.config(BLOCK_N=96)
-    with pytest.raises(ValueError, match="stages <= 4 at this BLOCK_N"):
+    with pytest.raises(ValueError, match="stages <= 4 there"):
         g.plan(256, 4096, 4096, 2048, 132, g.config(BLOCK_N=256, stages=6))
+    with pytest.raises(ValueError, match="halves=2 needs 294912 bytes.*stages <= 8 there"):
+        g.plan(64, 4096, 4096, 2048, 132, g.config(BLOCK_N=64, stages=12, halves=2))
+    with pytest.raises(ValueError, match=r"halves=3; expected one of \(1, 2\)"):
+        g.config(halves=3)
 
 
 def test_config_for_marks_the_band_and_keeps_a_triton_fallback(v7):
     gemm, g = v7
     names = {c["name"] for c in gemm.all_configs()}
     cfg = gemm.config_for(256, 4096, 12288, 132)
-    assert cfg["gluon"] == {"BLOCK_N": 128, "split": 1, "stages": g.STAGES[128]} and cfg["name"] in names
+    assert cfg["gluon"] == {"BLOCK_N": 128, "split": 1, "stages": g.STAGES[128, 2], "halves": 2} and cfg["name"] in names
     assert cfg["fallback"] in names and not cfg["fallback"].startswith("gluon")
     assert "gluon" not in gemm.config_for(64, 4096, 12288, 132)              # decode-sized: gemm.py's kernels
     assert "gluon" not in gemm.config_for(g.MAX_M + 1, 4096, 12288, 132)     # large M: gemm.py's kernels
