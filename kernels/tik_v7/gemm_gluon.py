@@ -5,7 +5,8 @@ The arithmetic is ``gemm.py``'s contract, instruction for instruction: every K c
 step, increasing K) into one fp32 accumulator from zero; chunk partials are added in chunk order
 ``((0 + part_0) + part_1) + ...``; then ``acc + 0.0``, the fp32 bias, one rounding to the activation
 dtype. The chain gives the same bits for any tile shape, wgmma or mma.sync (H200, DESIGN.md), so the
-outputs are the bits of ``gemm.py``'s kernels at every M. Gluon has no CPU interpreter: on the CPU
+outputs should be the bits of ``gemm.py``'s kernels at every M (the GPU decides: Status below). Gluon has no
+CPU interpreter: on the CPU
 ``gemm.py``'s Triton kernels run, and this file is compiled for sm_90 (benchmarks/compile_gemm_gluon_sm90.py).
 
 Why a second kernel: at M 65..1024 (prefill chunks, training micro-batches of a few sequences, the
