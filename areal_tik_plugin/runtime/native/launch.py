@@ -101,11 +101,8 @@ def install(mod, attr: str, packed: bool = False) -> None:
     rt, comp = knobs.runtime, knobs.compilation
 
     def _launch(fn, grid, *args, **kw):
-        m = _STATE["m"]
-        if m is _UNSET:
-            m = _STATE["m"] = _module()
-        if m is None or fn in REFUSED_KERNELS or rt.debug or comp.instrumentation_mode or _hooked(rt.launch_enter_hook) \
-                or _hooked(rt.launch_exit_hook) or getattr(fn, "pre_run_hooks", None):
+        m = _native_for(fn, rt, comp)
+        if m is None:
             return py_launch(fn, grid, *args, **kw)
         tr = TRAILING.get(fn)
         if tr is None:
@@ -123,9 +120,7 @@ def install(mod, attr: str, packed: bool = False) -> None:
             learn(m, fn, grid, args, kw, k)
         return k
 
-    _launch.__tik_native_launch__ = True
-    _launch.__wrapped__ = py_launch
-    setattr(mod, attr, _launch)
+    _wrap(mod, attr, _launch, py_launch)
 
 
 def install_packed(mod, attr: str) -> None:
@@ -140,11 +135,8 @@ def install_packed(mod, attr: str) -> None:
     rt, comp = knobs.runtime, knobs.compilation
 
     def _launch(fn, grid, args, kw):
-        m = _STATE["m"]
-        if m is _UNSET:
-            m = _STATE["m"] = _module()
-        if m is None or fn in REFUSED_KERNELS or rt.debug or comp.instrumentation_mode or _hooked(rt.launch_enter_hook) \
-                or _hooked(rt.launch_exit_hook) or getattr(fn, "pre_run_hooks", None) or fn in TRAILING:
+        m = _native_for(fn, rt, comp)
+        if m is None or fn in TRAILING:
             return py_launch(fn, grid, args, kw)
         r = m.glaunch(fn, grid, args, kw)
         if r is not None and r is not False:
@@ -156,9 +148,25 @@ def install_packed(mod, attr: str) -> None:
                 learn(m, fn, grid, args, kw, k)
         return k
 
-    _launch.__tik_native_launch__ = True
-    _launch.__wrapped__ = py_launch
-    setattr(mod, attr, _launch)
+    _wrap(mod, attr, _launch, py_launch)
+
+
+def _native_for(fn, rt, comp):
+    """The native module for a launch of ``fn``, or None where Triton's own path must run: no native module,
+    a refused kernel, Triton's debug or instrumentation mode, a launch hook or a pre-run hook."""
+    m = _STATE["m"]
+    if m is _UNSET:
+        m = _STATE["m"] = _module()
+    if m is None or fn in REFUSED_KERNELS or rt.debug or comp.instrumentation_mode or _hooked(rt.launch_enter_hook) \
+            or _hooked(rt.launch_exit_hook) or getattr(fn, "pre_run_hooks", None):
+        return None
+    return m
+
+
+def _wrap(mod, attr: str, launch, py_launch) -> None:
+    launch.__tik_native_launch__ = True
+    launch.__wrapped__ = py_launch
+    setattr(mod, attr, launch)
 
 
 def _hooked(hook) -> bool:
