@@ -45,6 +45,12 @@ def plans(g) -> list[dict]:
     return [g.config(BLOCK_N=bn, split=s) for bn in g.BLOCK_NS for s in (0, 1)]
 
 
+def plan_config(cfg: dict, p: dict) -> dict:
+    """gemm.linear's configuration ``cfg`` sent to the Gluon kernel with plan ``p``'s BLOCK_N and split (the
+    ring depth and tile rows its defaults for the shape), at any M."""
+    return dict(cfg, gluon={"BLOCK_N": p["BLOCK_N"], "split": p["split"], "stages": None})
+
+
 def plan_name(p: dict) -> str:
     return f"m{64 * p['halves']}_n{p['BLOCK_N']}_{'split' if p['split'] else 'fused'}_s{p['stages']}"
 
@@ -139,7 +145,7 @@ def main(argv=None) -> int:
                         row["mismatch"].append(f"{cfg['name']}/fp16")
                 alts = plans(g) if M in alt_ms else []   # outside the band too: what the kernel would give there
                 for p in alts:
-                    pc = dict(cfg, gluon={"BLOCK_N": p["BLOCK_N"], "split": p["split"], "stages": None})
+                    pc = plan_config(cfg, p)
                     name = plan_name(g.plan(M, N, K, gemm.split_chunk(K), sms, dict(p)))
                     y = gemm.linear(x, ws[0], config=pc)
                     torch.cuda.synchronize()
@@ -196,7 +202,7 @@ def smoke(torch, gemm, g, ref, sms) -> int:
         base = gemm.config_for(M, N, K, sms)
         want = bits(ref.linear(x, w, b, config=ref.config_for(M, N, K, sms))).clone()
         for p in plans(g):
-            pc = dict(base, gluon={"BLOCK_N": p["BLOCK_N"], "split": p["split"], "stages": None})
+            pc = plan_config(base, p)
             for rep in range(2):
                 y = gemm.linear(x, w, b, config=pc)
                 torch.cuda.synchronize()
