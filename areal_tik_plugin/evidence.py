@@ -557,7 +557,9 @@ def render_markdown(impl, root: str | None = None, source_hash: str | None = Non
         out += ["| whole model / engine | workload | result | baseline | ratio | command | evidence |",
                 "|---|---|---|---|---|---|---|"]
         for r in whole:
-            out.append(f"| {r['what']} | {r['workload']} | {r['result']} | {r['baseline']} | {r['ratio']} "
+            # the op rows' "Measured on" line does not cover these: each names its own card
+            wl = r["workload"] + (f" ({r['gpu']})" if r.get("gpu") else "")
+            out.append(f"| {r['what']} | {wl} | {r['result']} | {r['baseline']} | {r['ratio']} "
                        f"| `{r['command']}` | {r['file']} |")
         out.append("")
     for f in files:
@@ -582,7 +584,8 @@ def integration_rows(impl, root: str | None = None, source_hash: str | None = No
         vs = [v for v in verified if (v["batch"], v["prompt_len"], v["response_len_min"], v["response_len"]) ==
               (b, pl, r0, r1)]
         ok = all(v["plugin_bit_identical"] for v in vs)
-        out.append({"what": "tik verify " + ", ".join(v["model"] for v in vs),
+        gpus = sorted({v["gpu"] for v in vs if v.get("gpu")})
+        out.append({"what": "tik verify " + ", ".join(v["model"] for v in vs), "gpu": ", ".join(gpus),
                     "file": ", ".join(v["file"] for v in vs),
                     "workload": f"batch {b}, prompt {pl}, responses {r0}..{r1}",
                     "result": "bit-identical" if ok else "NOT bit-identical", "baseline": "—", "ratio": "—",
@@ -601,7 +604,7 @@ def integration_rows(impl, root: str | None = None, source_hash: str | None = No
             ratio = f"{tps / fi['greedy_tokens_per_s']:.2f}"
             if (r["backends"]["tik"].get("repeat_tokens_per_s") and fi.get("repeat_tokens_per_s")):
                 ratio += f" (cached prompts {r['backends']['tik']['repeat_tokens_per_s'] / fi['repeat_tokens_per_s']:.2f})"
-        out.append({"what": "SGLang Engine, backend `tik`", "file": r["file"],
+        out.append({"what": "SGLang Engine, backend `tik`", "file": r["file"], "gpu": r.get("gpu"),
                     "workload": f"{r.get('model')}, batch {r.get('batch')}, {r.get('new_tokens')} new tokens"
                                 + (", CUDA graphs" if r.get("cuda_graphs") else ""),
                     "result": f"{r.get('requests')} requests "
@@ -615,7 +618,7 @@ def integration_rows(impl, root: str | None = None, source_hash: str | None = No
         shape = (f"prompt {min(pl)}..{max(pl)}" if pl and min(pl) != max(pl) else f"prompt {pl[0]}" if pl else "")
         shape += f", responses {min(rl)}..{max(rl)}" if rl else ""
         out.append({"what": f"tik verify --engine megatron {r['model']} ({r['layers']} layers, megatron-core "
-                            f"{r['megatron_core']})", "file": r["file"],
+                            f"{r['megatron_core']})", "file": r["file"], "gpu": r.get("gpu"),
                     "workload": f"batch {r['batch']}, {shape}",
                     "result": "bit-identical" if r["bit_identical"] else "NOT bit-identical",
                     "baseline": "—", "ratio": "—", "command": "tik verify --engine megatron"})
@@ -626,7 +629,7 @@ def integration_rows(impl, root: str | None = None, source_hash: str | None = No
         ours = t["tik"]  # [s, b] input like the baselines; the packed (THD) layout AReaL feeds is shown beside it
         base = {k: v for k, v in t.items() if not k.startswith("tik")}
         names = {"local": "Megatron local spec (no TE)", "hf": "HF + SDPA"}
-        out.append({"what": "Megatron forward + backward, plugin spec", "file": r["file"],
+        out.append({"what": "Megatron forward + backward, plugin spec", "file": r["file"], "gpu": r.get("gpu"),
                     "workload": f"{r['model']} x {r['layers']} layers, micro-batch {r['micro_batch']} x {r['seq_len']}",
                     "result": f"{ours:.0f} tok/s" + (f" ({t['tik-thd']:.0f} packed THD)" if "tik-thd" in t else ""),
                     "baseline": ", ".join(f"{names.get(k, k)}: {v:.0f} tok/s" for k, v in base.items()) or "—",
@@ -636,7 +639,7 @@ def integration_rows(impl, root: str | None = None, source_hash: str | None = No
         if not r.get("matches_hash"):
             continue
         per = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("per_model_geomean") or {}).items())
-        out.append({"what": "layer bench (rollout + update per layer)", "file": r["file"],
+        out.append({"what": "layer bench (rollout + update per layer)", "file": r["file"], "gpu": r.get("gpu"),
                     "workload": f"{r['n']} (model, batch, length) cells" + (f": {per}" if per else ""),
                     "result": "unified kernels, no recompute",
                     "baseline": "FlashInfer fused ops + cuBLAS rollout, HF + Liger update, recompute on"

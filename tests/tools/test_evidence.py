@@ -259,6 +259,9 @@ def test_summary_reads_every_result_kind(tmp_path, impl):
     rows = {r["what"]: r for r in evidence.integration_rows(impl, str(root))}
     assert rows["Megatron forward + backward, plugin spec"]["ratio"] == "3.00 vs local"
     assert rows["tik verify --engine megatron qwen3-4b (4 layers, megatron-core 0.17.0)"]["result"] == "bit-identical"
+    # whole-model rows can come from another card than the op rows: each names its own
+    assert rows["tik verify qwen3-4b"]["gpu"] == "NVIDIA H200" and rows["layer bench (rollout + update per layer)"]["gpu"] == "H200"
+    assert "responses 1..127 (NVIDIA H200) | bit-identical" in evidence.render_markdown(impl, str(root))
     assert {r["tik"] for r in integ["areal_recompute"]} == {True, False}
     assert integ["areal_gsm8k"][0]["baseline"]["tokens_per_s"] == 80.0
     assert integ["areal_bits"][0]["mismatched_tokens"] == 0
