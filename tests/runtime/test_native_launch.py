@@ -513,3 +513,19 @@ def test_loader_installs_the_wrapper_where_the_manifest_says():
     name, _, attr = spec.partition(":")
     f = getattr(impl.module(name), attr)
     assert getattr(f, "__tik_native_launch__", False) and callable(f.__wrapped__)
+
+
+def test_host_probe_process_has_tik_v6s_helpers_wrapped():
+    """A probe that times the host path must register the launch hook before its kernels load (the loader does
+    not import it): in a fresh process, importing tma_host_probe and loading tik_v6 leaves both helpers wrapped."""
+    import subprocess
+
+    code = ("import os, sys; os.environ['TIK_IMPLEMENTATION'] = 'tik_v6'\n"
+            "import benchmarks.probes.tma_host_probe\n"
+            "from areal_tik_plugin.runtime import loader\n"
+            "impl = loader.get_implementation(); impl.module('attention')\n"
+            "sys.exit(0 if all(getattr(loader.current_module(m)._launch, '__tik_native_launch__', False)\n"
+            "                  for m in ('attention_gluon', '_rowops')) else 1)\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
