@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -40,7 +41,8 @@ def test_device_script_steps_and_refusals():
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
 
 
-@pytest.mark.parametrize("name,spec", [("plan", "h200_gemm"), ("cpu_plan", "cpu_gemm_smoke")])
+@pytest.mark.parametrize("name,spec", [("plan", "h200_gemm"), ("cpu_plan", "cpu_gemm_smoke"),
+                                       ("rule_plan", "h200_gemm"), ("cpu_rule_plan", "cpu_gemm_smoke")])
 def test_search_plan_is_generated_valid_and_builds_tik_v7(tmp_path, name, spec):
     """benchmarks/search_plans/h200_gemm/gluon: the plan files are what gen_plan.py writes, the plan driver accepts
     them, their workloads are names of their spec, the first step's tree is kernels/tik_v7's source and each knob
@@ -58,7 +60,8 @@ def test_search_plan_is_generated_valid_and_builds_tik_v7(tmp_path, name, spec):
     gen = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(gen)
     out = tmp_path / f"{name}.yaml"
-    gen.write(str(out), gen.H200_TW + gen.SMALL_TW if name == "plan" else gen.CPU_TW)
+    gen.write(str(out), gen.CPU_TW if name.startswith("cpu") else gen.H200_TW + gen.SMALL_TW,
+              gen.rule_plan if "rule" in name else gen.plan)
     assert out.read_text() == (here / f"{name}.yaml").read_text(), "re-run gen_plan.py"
     PlanDriver(str(here / f"{name}.yaml"))
     plan = yaml.safe_load((here / f"{name}.yaml").read_text())
@@ -78,5 +81,41 @@ def test_search_plan_is_generated_valid_and_builds_tik_v7(tmp_path, name, spec):
     for s in plan["steps"][1:]:
         with open(here / s["edits"]) as f:
             files = E.apply_edits(v7, E.parse_search_replace(f.read()))
-        diff = [r for r in files if files[r] != v7[r]]
-        assert diff == ["gemm_gluon.py"], s["opportunity"]
+        diff = sorted(r for r in files if files[r] != v7[r])
+        assert diff == (["gemm.py", "gemm_gluon.py"] if "rule" in name else ["gemm_gluon.py"]), s["opportunity"]
+
+
+def test_rule_edit_hands_the_gluon_kernel_only_the_shapes_it_won(tmp_path):
+    """The rule step's tree (tik_v7 + edits/rule.edits): config_for marks Gluon exactly the probe's winning shapes
+    (Qwen3-4B / 8B o and down, K >= 4096, at M 33..64 on 64-row tiles and 129..256 on 128-row ones, unsplit
+    BLOCK_N 64), every other shape keeps its Triton configuration."""
+    import importlib
+    import pathlib
+
+    from areal_tik_plugin.search import edits as E
+
+    here = pathlib.Path(ROOT) / "benchmarks" / "search_plans" / "h200_gemm" / "gluon"
+    v7 = E.read_files(os.path.join(ROOT, "kernels", "tik_v7"))
+    files = E.apply_edits(v7, E.parse_search_replace((here / "edits" / "rule.edits").read_text()))
+    pkg = tmp_path / "tik_rule_tree"
+    for rel, text in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text) if isinstance(text, str) else (pkg / rel).write_bytes(text)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        gemm = importlib.import_module("tik_rule_tree.gemm")
+        shapes = {"4b_qkv": (6144, 2560), "4b_o": (2560, 4096), "4b_gate_up": (19456, 2560), "4b_down": (2560, 9728),
+                  "8b_qkv": (6144, 4096), "8b_o": (4096, 4096), "8b_gate_up": (24576, 4096), "8b_down": (4096, 12288),
+                  "1p5b_down": (1536, 8960), "30b_o": (2048, 4096)}
+        for M in (1, 32, 33, 64, 65, 128, 129, 256, 257, 1024):
+            got = {k: gemm.config_for(M, N, K, 132).get("name") for k, (N, K) in shapes.items()
+                   if "gluon" in gemm.config_for(M, N, K, 132)}
+            rows = 64 if M <= 64 else 128
+            want = ({k: f"gluon_ws_m{rows}_n64_fused_s{12 if rows == 64 else 8}" for k in ("4b_o", "4b_down", "8b_o",
+                                                                                            "8b_down")}
+                    if 33 <= M <= 64 or 129 <= M <= 256 else {})
+            assert got == want, M
+    finally:
+        sys.path.remove(str(tmp_path))
+        for k in [k for k in sys.modules if k.startswith("tik_rule_tree")]:
+            del sys.modules[k]
