@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # One GPU call (nvidia-h200, <= 550 s): an implementation's Gluon GEMM (gemm_gluon.py, default tik_v7) on the
 # device, evidence JSON under $OUT packed into $OUT/00-gemm-gluon.tgz, a short table last. Nothing carried.
-#   1. benchmarks/probes/gluon_gemm_probe.py: bits against the parent's Triton GEMM (--ref) at M 65..1024 on
-#      every dense shape (every plan at M 64 and 256); times against the parent and cuBLAS (<= 220 s). Its guard
-#      first runs every plan on three small problems in a child process (<= 90 s): a hang or crash there ends
+#   1. benchmarks/probes/gluon_gemm_probe.py: bits against the parent's Triton GEMM (--ref) at M 64..1024 on
+#      every dense shape (every plan at M 64, 128 and 256, 64-row tiles too at 128); times against the parent
+#      and cuBLAS (<= 300 s; 145 s with plans at M 64 / 256 only, on an H100). Its guard
+#      first runs every plan on three small problems in a child process (<= 120 s): a hang or crash there ends
 #      the probe (exit 3) and the contract step is skipped, so the call still returns what it learned;
-#   2. the contract suite's gemm checks on the implementation (every configuration incl. the Gluon ones;
-#      tik_v6's took 196 s on the H200; <= 260 s);
+#   2. with --contract-s S > 0 only: the contract suite's gemm checks on the implementation (every configuration
+#      incl. the Gluon ones; tik_v6's took 196 s on the H200, tik_v7's wrote nothing within 260 s on an H100:
+#      run it alone when a candidate is to be exported);
 #   3. benchmarks/probes/tma_host_probe.py --only attention on --host-impl (default tik_v6): host time per
 #      prefill call and the native launcher's counters (<= 60 s).
 # Options (an unknown one is refused): --impl NAME (tik_v7)  --ref NAME (tik_v6)  --host-impl NAME (tik_v6)
-#   --probe-s S (220)  --contract-s S (260)  --host-s S (60)  --guard-s S (90)  --dry-run (print the command lines only)
+#   --probe-s S (300)  --contract-s S (0: skipped)  --host-s S (60)  --guard-s S (120)  --dry-run (print the command lines only)
 set -o pipefail
 export PYTHONUNBUFFERED=1
-impl=tik_v7; ref=tik_v6; host_impl=tik_v6; probe_s=220; contract_s=260; host_s=60; guard_s=90; dry=0
+impl=tik_v7; ref=tik_v6; host_impl=tik_v6; probe_s=300; contract_s=0; host_s=60; guard_s=120; dry=0
 need() { [ $# -ge 2 ] || { echo "gpu_gemm_gluon.sh: $1 needs a value (see the header of benchmarks/gpu_gemm_gluon.sh)" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -48,7 +50,9 @@ if [ "$dry" = 0 ]; then
 fi
 run probe "$probe_s" env TIK_IMPLEMENTATION="$impl" python3 -m benchmarks.probes.gluon_gemm_probe --out "$OUT" --ref "$ref" \
   --guard-s "$guard_s"
-if [ "$dry" = 0 ] && grep -q "^probe rc=3" "$OUT/steps.txt"; then
+if [ "$contract_s" = 0 ]; then
+  [ "$dry" = 0 ] && echo "contract: skipped (--contract-s 0)" >>"$OUT/steps.txt"
+elif [ "$dry" = 0 ] && grep -q "^probe rc=3" "$OUT/steps.txt"; then
   echo "contract: skipped (the probe's guard run failed: see probe.log)" >>"$OUT/steps.txt"
 else
   run contract "$contract_s" env TIK_IMPLEMENTATION="$impl" python3 -m areal_tik_plugin.contract --out "$OUT" --ops gemm --no-bench

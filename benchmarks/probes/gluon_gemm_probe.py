@@ -40,15 +40,20 @@ def parse_ms(text: str) -> list[int]:
     return ms
 
 
-def plans(g) -> list[dict]:
-    """Every (BLOCK_N, split) knob set of gemm_gluon at its default ring depth (64- or 128-row tiles by M)."""
-    return [g.config(BLOCK_N=bn, split=s) for bn in g.BLOCK_NS for s in (0, 1)]
+HALVES_1_UP_TO = 128   # M 65..128: 64-row tiles on one consumer too (twice the tiles of the 128-row default)
+
+
+def plans(g, M: int | None = None) -> list[dict]:
+    """Every (BLOCK_N, split) knob set of gemm_gluon at its default ring depth (64- or 128-row tiles by M); for
+    M in 65..HALVES_1_UP_TO also every set on 64-row tiles, where 128-row ones leave SMs idle."""
+    halves = (None, 1) if M is not None and g.HALVES_1_MAX_M < M <= HALVES_1_UP_TO else (None,)
+    return [g.config(BLOCK_N=bn, split=s, halves=h) for h in halves for bn in g.BLOCK_NS for s in (0, 1)]
 
 
 def plan_config(cfg: dict, p: dict) -> dict:
-    """gemm.linear's configuration ``cfg`` sent to the Gluon kernel with plan ``p``'s BLOCK_N and split (the
-    ring depth and tile rows its defaults for the shape), at any M."""
-    return dict(cfg, gluon={"BLOCK_N": p["BLOCK_N"], "split": p["split"], "stages": None})
+    """gemm.linear's configuration ``cfg`` sent to the Gluon kernel with plan ``p``'s BLOCK_N, split and tile rows
+    (the ring depth its default for them; the rows by M unless ``p`` sets them), at any M."""
+    return dict(cfg, gluon={"BLOCK_N": p["BLOCK_N"], "split": p["split"], "stages": None, "halves": p.get("halves")})
 
 
 def plan_name(p: dict) -> str:
@@ -61,7 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ref", default="tik_v6", help="the implementation whose linear gives the reference bits")
     ap.add_argument("--m", default=",".join(map(str, DEFAULT_M)))
     ap.add_argument("--shapes", default="", help="comma list of model:layer (default: every non-lm_head shape)")
-    ap.add_argument("--alt-m", default="64,256", help="comma list of the M values where every plan is checked and "
+    ap.add_argument("--alt-m", default="64,128,256", help="comma list of the M values where every plan is checked and "
                     "timed too, in gemm_gluon's M band or not ('' for none)")
     ap.add_argument("--guard-s", type=float, default=0.0,
                     help="first run every plan once on two small problems in a child process with this wall-clock "
@@ -143,7 +148,7 @@ def main(argv=None) -> int:
                     xh, wh = x.half(), ws[0].half()
                     if not torch.equal(bits(gemm.linear(xh, wh, config=cfg)), bits(ref.linear(xh, wh, config=rcfg))):
                         row["mismatch"].append(f"{cfg['name']}/fp16")
-                alts = plans(g) if M in alt_ms else []   # outside the band too: what the kernel would give there
+                alts = plans(g, M) if M in alt_ms else []   # outside the band too: what the kernel would give there
                 for p in alts:
                     pc = plan_config(cfg, p)
                     name = plan_name(g.plan(M, N, K, gemm.split_chunk(K), sms, dict(p)))
@@ -201,14 +206,15 @@ def smoke(torch, gemm, g, ref, sms) -> int:
         b = torch.randn(N, device="cuda").to(torch.bfloat16)
         base = gemm.config_for(M, N, K, sms)
         want = bits(ref.linear(x, w, b, config=ref.config_for(M, N, K, sms))).clone()
-        for p in plans(g):
+        for p in plans(g, M):
             pc = plan_config(base, p)
             for rep in range(2):
                 y = gemm.linear(x, w, b, config=pc)
                 torch.cuda.synchronize()
                 ok = torch.equal(bits(y), want)
                 bad += not ok
-                print(f"smoke M={M} N={N} K={K} n{p['BLOCK_N']} split {p['split']} call {rep}: bits equal {ok}",
+                print(f"smoke M={M} N={N} K={K} n{p['BLOCK_N']} split {p['split']} halves {p.get('halves') or 'default'} "
+                      f"call {rep}: bits equal {ok}",
                       flush=True)
     return 1 if bad else 0
 

@@ -21,6 +21,12 @@ def test_probe_arguments_and_plans():
     g = loader.load_implementation(os.path.join(ROOT, "kernels", "tik_v7")).module("gemm_gluon")
     ps = probe.plans(g)
     assert len(ps) == 2 * len(g.BLOCK_NS) and len({(p["BLOCK_N"], p["split"]) for p in ps}) == len(ps)
+    assert probe.plans(g, 64) == ps == probe.plans(g, 256)
+    p128 = probe.plans(g, 128)   # 64-row tiles too, where 128-row ones leave SMs idle
+    assert len(p128) == 2 * len(ps) and {p["halves"] for p in p128} == {None, 1}
+    assert {probe.plan_name(g.plan(128, 4096, 12288, 2048, 132, dict(p))) for p in p128 if not p["split"]} >= {
+        "m64_n64_fused_s12", "m128_n64_fused_s8"}
+    assert probe.plan_config({"name": "x"}, p128[-1])["gluon"]["halves"] == 1
     names = {probe.plan_name(g.plan(256, 4096, 12288, 2048, 132, dict(p, BLOCK_N=min(p["BLOCK_N"], 128)))) for p in ps}
     assert names == {"m128_n128_split_s6", "m128_n128_fused_s6", "m128_n64_split_s8", "m128_n64_fused_s8"}
     assert probe.plan_name(g.plan(64, 4096, 12288, 2048, 132, g.config(BLOCK_N=64, split=1))) == "m64_n64_split_s12"
@@ -28,13 +34,17 @@ def test_probe_arguments_and_plans():
 
 def test_device_script_steps_and_refusals():
     sh = os.path.join(ROOT, "benchmarks", "gpu_gemm_gluon.sh")
-    r = subprocess.run(["bash", sh, "--dry-run", "--impl", "tik_v7", "--probe-s", "90"], capture_output=True, text=True,
+    r = subprocess.run(["bash", sh, "--dry-run", "--impl", "tik_v7", "--probe-s", "90", "--contract-s", "260"],
+                       capture_output=True, text=True,
                        cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 3 and "--guard-s 90" in lines[0] and lines[0].startswith("+ timeout 90 env TIK_IMPLEMENTATION=tik_v7 python3 -m "
+    assert len(lines) == 3 and "--guard-s 120" in lines[0] and lines[0].startswith("+ timeout 90 env TIK_IMPLEMENTATION=tik_v7 python3 -m "
                                                    "benchmarks.probes.gluon_gemm_probe")
     assert "--ops gemm --no-bench" in lines[1] and "tma_host_probe --only attention" in lines[2]
+    r = subprocess.run(["bash", sh, "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    lines = r.stdout.splitlines()   # the contract step only when asked for
+    assert len(lines) == 2 and lines[0].startswith("+ timeout 300 ") and "tma_host_probe" in lines[1]
     for args, msg in ((["--bogus"], "unknown option --bogus"), (["--probe-s", "1m"], "whole seconds"),
                       (["--impl"], "--impl needs a value")):
         r = subprocess.run(["bash", sh, *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
