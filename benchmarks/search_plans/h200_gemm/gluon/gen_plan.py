@@ -88,6 +88,11 @@ EVIDENCE = ("tik_v6 on the H200 (evidence/probes/gemm/gemm_sweep-split-h200.json
             "vs cuBLAS 45.5; its 25.8 GFLOP take 32.6 us at 790 TFLOP/s and its 100 MB of weights 23.4 us at 4.3 "
             "TB/s); sm_90 compile of tik_v7's kernel: 168 registers, 0 spill, 192 KB ring, wgmma m64nNk16, setmaxnreg "
             "256 / 232 / 24 as tik_v6's prefill (tests/kernels/test_gluon_gemm.py)")
+RULE_EVIDENCE = ("tik_v7 on an H100 (evidence/probes/gemm/gluon_gemm_probe-tik_v7.json): tik_v6's bits on 72 rows and "
+                 "every plan; per plan at M 256 unsplit BLOCK_N 64 beat tik_v6 on Qwen3-4B o / down and Qwen3-8B o / "
+                 "down (16.8 / 35.9 / 20.2 / 55.7 us against 23.0 / 53.4 / 28.1 / 85.3; cuBLAS 13.8 / 32.7 / 19.3 / "
+                 "53.8), at M 64 on 4B down and 8B o / down; run h200-gemm-gluon's nosplit step agrees at M 256 (root "
+                 "23.1 / 52.1 / 27.7 / 83.5 -> 17.0 / 36.2 / 19.9 / 52.6 us); elsewhere tik_v6 as fast or faster")
 EFFECT = {
     "gws": "M = 256 rows: one program per SM keeps its ring full across items (the Triton partial kernel drains and "
            "refills per program); predicted 8b down 76 -> ~48 us (3 items of 128 x 128 x 2048 per SM at ~75 % of the "
@@ -132,7 +137,7 @@ FALSIFIER = {
 
 def opp(key, base, tw, applies, prio, kind="followup"):
     return {"key": key, "mechanism": MECH[base], "entry_points": ["gemm.linear"], "priority": prio, "kind": kind,
-            "evidence_notes": EVIDENCE, "target_workloads": tw, "applies_to": applies}
+            "evidence_notes": RULE_EVIDENCE if base == "rule" else EVIDENCE, "target_workloads": tw, "applies_to": applies}
 
 
 def step(key, base, parent, promoted, verified, slower, failed):
