@@ -112,8 +112,11 @@ def test_plugin_reuse_is_bitwise_exact_qwen3(work):
 
 
 def test_plugin_moe_monitor_catches_planted_drift_and_falls_back(work):
+    # one prompt x 2 samples is 80-88 tokens: a 128-token micro-batch instead of AReaL's 256-token page
+    # alignment halves the interpreted forward / backward work (the bits do not depend on the padding)
     meta, rows, log = run_recipe(work, "tik-moe-drift", "qwen3_moe", "mode=tik", "tik.monitor_every=1",
-                                 "tik.plant_drift_step=1")
+                                 "tik.plant_drift_step=1", "+actor.pad_to_maximum=true",
+                                 "actor.mb_spec.max_tokens_per_mb=128")
     assert "patched Qwen3MoeForCausalLM" in log
     r0, r1, r2 = rows
     assert r0[IW[0]] == r0[IW[1]] == 1.0 and r0["tik/mismatch/mismatched_tokens"] == 0
