@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -35,8 +34,7 @@ def test_probe_arguments_and_plans():
 def test_device_script_steps_and_refusals():
     sh = os.path.join(ROOT, "benchmarks", "gpu_gemm_gluon.sh")
     r = subprocess.run(["bash", sh, "--dry-run", "--impl", "tik_v7", "--probe-s", "90", "--contract-s", "260"],
-                       capture_output=True, text=True,
-                       cwd=ROOT, timeout=60)
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 3 and "--guard-s 120" in lines[0] and lines[0].startswith("+ timeout 90 env TIK_IMPLEMENTATION=tik_v7 python3 -m "
@@ -99,33 +97,28 @@ def test_rule_edit_hands_the_gluon_kernel_only_the_shapes_it_won(tmp_path):
     """The rule step's tree (tik_v7 + edits/rule.edits): config_for marks Gluon exactly the probe's winning shapes
     (Qwen3-4B / 8B o and down, K >= 4096, at M 33..64 on 64-row tiles and 129..256 on 128-row ones, unsplit
     BLOCK_N 64), every other shape keeps its Triton configuration."""
-    import importlib
     import pathlib
+    import shutil
 
     from areal_tik_plugin.search import edits as E
 
     here = pathlib.Path(ROOT) / "benchmarks" / "search_plans" / "h200_gemm" / "gluon"
-    v7 = E.read_files(os.path.join(ROOT, "kernels", "tik_v7"))
+    src = os.path.join(ROOT, "kernels", "tik_v7")
+    v7 = E.read_files(src)
     files = E.apply_edits(v7, E.parse_search_replace((here / "edits" / "rule.edits").read_text()))
-    pkg = tmp_path / "tik_rule_tree"
-    for rel, text in files.items():
-        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
-        (pkg / rel).write_text(text) if isinstance(text, str) else (pkg / rel).write_bytes(text)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        gemm = importlib.import_module("tik_rule_tree.gemm")
-        shapes = {"4b_qkv": (6144, 2560), "4b_o": (2560, 4096), "4b_gate_up": (19456, 2560), "4b_down": (2560, 9728),
-                  "8b_qkv": (6144, 4096), "8b_o": (4096, 4096), "8b_gate_up": (24576, 4096), "8b_down": (4096, 12288),
-                  "1p5b_down": (1536, 8960), "30b_o": (2048, 4096)}
-        for M in (1, 32, 33, 64, 65, 128, 129, 256, 257, 1024):
-            got = {k: gemm.config_for(M, N, K, 132).get("name") for k, (N, K) in shapes.items()
-                   if "gluon" in gemm.config_for(M, N, K, 132)}
-            rows = 64 if M <= 64 else 128
-            want = ({k: f"gluon_ws_m{rows}_n64_fused_s{12 if rows == 64 else 8}" for k in ("4b_o", "4b_down", "8b_o",
-                                                                                            "8b_down")}
-                    if 33 <= M <= 64 or 129 <= M <= 256 else {})
-            assert got == want, M
-    finally:
-        sys.path.remove(str(tmp_path))
-        for k in [k for k in sys.modules if k.startswith("tik_rule_tree")]:
-            del sys.modules[k]
+    tree = tmp_path / "tik_rule"
+    shutil.copytree(src, tree)
+    for rel in E.changed_files(v7, files):
+        (tree / rel).write_text(files[rel])
+    loader.write_manifest_hash(str(tree))   # as the search stamps a materialized candidate
+    gemm = loader.load_implementation(str(tree)).module("gemm")
+    shapes = {"4b_qkv": (6144, 2560), "4b_o": (2560, 4096), "4b_gate_up": (19456, 2560), "4b_down": (2560, 9728),
+              "8b_qkv": (6144, 4096), "8b_o": (4096, 4096), "8b_gate_up": (24576, 4096), "8b_down": (4096, 12288),
+              "1p5b_down": (1536, 8960), "30b_o": (2048, 4096)}
+    for M in (1, 32, 33, 64, 65, 128, 129, 256, 257, 1024):
+        got = {k: c["name"] for k, (N, K) in shapes.items() if "gluon" in (c := gemm.config_for(M, N, K, 132))}
+        rows = 64 if M <= 64 else 128
+        want = ({k: f"gluon_ws_m{rows}_n64_fused_s{12 if rows == 64 else 8}" for k in ("4b_o", "4b_down", "8b_o",
+                                                                                        "8b_down")}
+                if 33 <= M <= 64 or 129 <= M <= 256 else {})
+        assert got == want, M
