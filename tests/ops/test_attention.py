@@ -191,7 +191,7 @@ def test_paged_random_permutation_equals_contiguous():
 def test_multi_split_paths_agree(tile, split):
     """Small split/tile overrides exercise many split merges at interpreter-friendly lengths."""
     att = get_implementation().module("attention")
-    L, prompt = 150, 100
+    L, prompt = 110, 86   # 4 KV splits of 32 (7 tiles of 16) at the last row; 24 decode / extend rows
     q, k, v = qkv(L, 4, 2, 32, seed=12)
     sc = 32 ** -0.5
     full = att.prefill(q, k, v, cu([L]), L, sc, tile=tile, split=split)
