@@ -342,6 +342,11 @@ def linear_recipe(tickets: dict, x, weight, bias, y, rec, temp_tensors: list | N
     import torch
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from areal_tik_plugin.runtime.native.launch import _gluon_descriptor_type
+
+    # host descriptors of both front ends: the TMA map is encoded from the compiled kernel's tensordesc_meta
+    # either way (a Gluon descriptor's layout is what that meta was compiled from)
+    host_descs = tuple(t for t in (TensorDescriptor, _gluon_descriptor_type()) if t is not None)
     if len(rec) != 1:
         return None, f"{len(rec)} launches recorded (expected 1)"
     fn, grid, args, kw, kernel = rec[0]
@@ -365,7 +370,7 @@ def linear_recipe(tickets: dict, x, weight, bias, y, rec, temp_tensors: list | N
         if ty == "constexpr":
             continue
         if ty.startswith("tensordesc"):
-            if not isinstance(v, TensorDescriptor):
+            if not isinstance(v, host_descs):
                 return None, f"parameter {name}: a device-side descriptor"
             got, why = _desc_param(v, metas[ndesc] if ndesc < len(metas) else None, operands, name)
             ndesc += 1
