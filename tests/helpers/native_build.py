@@ -27,3 +27,22 @@ def build_native(tmp_path_factory):
             os.environ.pop("TIK_CACHE_DIR", None)
         else:
             os.environ["TIK_CACHE_DIR"] = old
+
+
+def launcher_params(args) -> list:
+    """What Triton's launcher passes for these positional kernel arguments, as the C side's linear_derive lists
+    them without encoding the maps: a host descriptor as (GP_DESC, None) then its sizes (i32) and strides (i64),
+    a tensor as its pointer, every other argument an i32."""
+    import torch
+
+    from areal_tik_plugin.runtime.native import launch as NL
+
+    out = []
+    for a in args:
+        if hasattr(a, "block_shape"):
+            out += [(NL.GP_DESC, None)] + [(NL.GP_I32, s) for s in a.shape] + [(NL.GP_I64, s) for s in a.strides]
+        elif isinstance(a, torch.Tensor):
+            out.append((NL.GP_PTR, a.data_ptr()))
+        else:
+            out.append((NL.GP_I32, a))
+    return out

@@ -9,7 +9,6 @@ Gluon configuration keeps tik_v6's bits where Gluon does not run: test_gluon_gem
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 from areal_tik_plugin.runtime import loader

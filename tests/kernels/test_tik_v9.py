@@ -21,10 +21,8 @@ import subprocess
 import sys
 import types
 
-import pytest
-
 from areal_tik_plugin.search import edits as E
-from tests.helpers.native_build import needs_triton36
+from tests.helpers.native_build import launcher_params, needs_triton36
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 V8, V9 = ROOT / "kernels" / "tik_v8", ROOT / "kernels" / "tik_v9"
@@ -139,14 +137,7 @@ def _recipe_check():
         assert ints[-7:] == [M, N, K, y.stride(0), *args[-3:]]
         mod.invalidate()
         assert mod.learn_linear(x, w, b, recipe, None) is True
-        want = []
-        for a in args:
-            if hasattr(a, "block_shape"):
-                want += [(NL.GP_DESC, None)] + [(NL.GP_I32, s) for s in a.shape] + [(NL.GP_I64, s) for s in a.strides]
-            elif isinstance(a, torch.Tensor):
-                want.append((NL.GP_PTR, a.data_ptr()))
-            else:
-                want.append((NL.GP_I32, a))
+        want = launcher_params(args)
         assert mod.linear_derive(x, w, b, y, (), False) == want
         y2 = torch.empty_like(y)   # another output: only its pointers change
         assert mod.linear_derive(x, w, b, y2, (), False) == [

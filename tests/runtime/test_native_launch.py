@@ -17,7 +17,7 @@ import torch
 
 from areal_tik_plugin.runtime import loader, native
 from areal_tik_plugin.runtime.native import launch as NL
-from tests.helpers.native_build import build_native, needs_triton36
+from tests.helpers.native_build import build_native, launcher_params, needs_triton36
 
 @pytest.fixture(scope="module")
 def m(tmp_path_factory):
@@ -329,14 +329,7 @@ def _tma_gemm_recipes(m, sm90_tik_v2):
             assert d[6] == tuple(t.shape) and d[7] == tuple(t.stride())
         m.invalidate()
         assert m.learn_linear(x, w, b, recipe, None) is True
-        want = []
-        for a in args:
-            if hasattr(a, "block_shape"):
-                want += [(NL.GP_DESC, None)] + [(NL.GP_I32, s) for s in a.shape] + [(NL.GP_I64, s) for s in a.strides]
-            elif isinstance(a, torch.Tensor):
-                want.append((NL.GP_PTR, a.data_ptr()))
-            else:
-                want.append((NL.GP_I32, a))
+        want = launcher_params(args)
         assert m.linear_derive(x, w, b, y, (), False) == want
         # another output buffer: only its pointer (and its map) change
         y2 = torch.empty_like(y)
