@@ -137,15 +137,6 @@ def test_tma_gemm_variant_parameters():
     _in_fresh_interpreter("_run_tma_gemm_check")
 
 
-def _desc_params(descs) -> list:
-    """The parameters of host descriptors as Triton's launcher passes them: the map (not encoded on the
-    CPU), then the shape as i32 and the strides as i64."""
-    out = []
-    for d in descs:
-        out += [(NL.GP_DESC, None)] + [(NL.GP_I32, x) for x in d.shape] + [(NL.GP_I64, x) for x in d.strides]
-    return out
-
-
 def _in_fresh_interpreter(check: str) -> None:
     """Run this module's ``check()`` in a new Python without TRITON_INTERPRET (an sm_90 compile needs it)."""
     import subprocess
@@ -199,7 +190,7 @@ def _tma_gemm_variant_parameters(m, sm90_tik_v2):
     m.invalidate()
     assert m.glearn(fn, grid, args, kw, plan) is True
     def want(a):
-        return _desc_params(a[:3]) + [(NL.GP_PTR, a[3].data_ptr())] + [(NL.GP_I32, v) for v in a[4:]]
+        return launcher_params(a)
 
     assert m.gderive(fn, grid, args, kw, False) == want(args)
     # same class, other operands (another M and N of the same class where M is a multiple of 16)
@@ -275,7 +266,7 @@ def _run_gluon_prefill_check():
     assert m.glearn(fn, grid, args, kw, plan) is True
 
     def want(a):
-        out = _desc_params(a[:3]) + [(NL.GP_PTR, t.data_ptr()) for t in a[3:6]] + [(NL.GP_I32, x) for x in a[6:9]]
+        out = launcher_params(a[:3]) + [(NL.GP_PTR, t.data_ptr()) for t in a[3:6]] + [(NL.GP_I32, x) for x in a[6:9]]
         struct = __import__("struct")
         out.append((NL.GP_F32, struct.unpack("<I", struct.pack("<f", a[9]))[0]))
         return out + [(NL.GP_PTR, a[10].data_ptr())] + [(NL.GP_I32, x) for x in a[11:]]
