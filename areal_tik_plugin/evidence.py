@@ -209,6 +209,20 @@ def _load_json(path: str) -> dict | None:
         return None
 
 
+def _layer_bench_partial_summary(rec: dict) -> dict:
+    """The summary of a layer-bench record whose run was cut before it wrote one: the bench writes its
+    JSON after every model, so the models it finished are complete; the summary covers only those."""
+    models = [m for m in rec.get("models") or [] if isinstance(m, dict)]
+    ratios = [row["ratio"] for m in models for row in m.get("results") or [] if row.get("ratio")]
+    if not ratios:
+        return {}
+    geo = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs))  # noqa: E731
+    per_model = {m["model"]: geo(r) for m in models
+                 if (r := [row["ratio"] for row in m.get("results") or [] if row.get("ratio")])}
+    return {"mean_ratio": sum(ratios) / len(ratios), "geomean_ratio": geo(ratios), "min_ratio": min(ratios),
+            "per_model_geomean": per_model, "n": len(ratios)}
+
+
 def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """GPU results beyond the op suites, each as its producing command wrote it:
 
@@ -235,9 +249,10 @@ def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[st
         rec = _load_json(p)
         if not rec or rec.get("schema") != "areal-tik-layer-bench/1":
             continue
-        summ = rec.get("summary") or {}
+        summ = rec.get("summary") or _layer_bench_partial_summary(rec)
         out["layer_bench"].append({
             "file": rel(p), "gpu": rec.get("env", {}).get("gpu"), "quick": rec.get("quick"),
+            "partial": "summary" not in rec,
             "matches_hash": rec.get("implementation") == impl.name and rec.get("source_hash") == impl.source_hash,
             "mean_ratio": summ.get("mean_ratio"), "geomean_ratio": summ.get("geomean_ratio"),
             "min_ratio": summ.get("min_ratio"), "per_model_geomean": summ.get("per_model_geomean"), "n": summ.get("n"),
@@ -636,11 +651,12 @@ def integration_rows(impl, root: str | None = None, source_hash: str | None = No
                     "ratio": ", ".join(f"{ours / v:.2f} vs {k}" for k, v in base.items()) or "—",
                     "command": "python -m benchmarks.megatron_bench"})
     for r in integ.get("layer_bench", []):
-        if not r.get("matches_hash"):
+        if not r.get("matches_hash") or r.get("geomean_ratio") is None:
             continue
         per = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("per_model_geomean") or {}).items())
         out.append({"what": "layer bench (rollout + update per layer)", "file": r["file"], "gpu": r.get("gpu"),
-                    "workload": f"{r['n']} (model, batch, length) cells" + (f": {per}" if per else ""),
+                    "workload": f"{r['n']} (model, batch, length) cells" + (f": {per}" if per else "")
+                                + (" (run cut: the models it finished)" if r.get("partial") else ""),
                     "result": "unified kernels, no recompute",
                     "baseline": "FlashInfer fused ops + cuBLAS rollout, HF + Liger update, recompute on"
                                 + (f" ({', '.join(r['baselines_skipped'])}: not built, not compared)"

@@ -340,3 +340,23 @@ def test_the_suite_writes_what_ran_when_terminated():
     with pytest.raises(M.Terminated):
         rec.run("attention.checks", M._terminate, 15, None)
     assert rec.checks == []
+
+
+def test_layer_bench_record_cut_before_its_summary(tmp_path, impl):
+    """A layer bench killed by its time limit leaves the models it finished (the JSON is rewritten after
+    each): the row summarizes those and says the run was cut; a record with no finished cell gives no row."""
+    root = tmp_path / "evidence"
+    os.makedirs(root / "layer_bench")
+    rec = {"schema": "areal-tik-layer-bench/1", "implementation": impl.name, "source_hash": impl.source_hash,
+           "env": {"gpu": "H100"}, "quick": True,
+           "models": [{"model": "qwen3-4b", "results": [{"ratio": 2.0}, {"ratio": 0.5}, {"ratio": None}]},
+                      {"model": "qwen3-8b", "results": [{"ratio": 1.0}]}]}
+    (root / "layer_bench" / "a.json").write_text(json.dumps(rec))
+    (root / "layer_bench" / "b.json").write_text(json.dumps(dict(rec, models=[{"model": "m", "results": []}])))
+    lb = evidence.integration_summary(impl, str(root))["layer_bench"]
+    assert [(r["partial"], r["n"], r["min_ratio"]) for r in lb] == [(True, 3, 0.5), (True, None, None)]
+    assert lb[0]["geomean_ratio"] == pytest.approx(1.0) and lb[0]["per_model_geomean"] == {"qwen3-4b": 1.0,
+                                                                                           "qwen3-8b": 1.0}
+    rows = [r for r in evidence.integration_rows(impl, str(root)) if r["what"].startswith("layer bench")]
+    assert len(rows) == 1 and rows[0]["file"].endswith("a.json") and rows[0]["ratio"] == "1.00 (min 0.50)"
+    assert rows[0]["workload"] == "3 (model, batch, length) cells: qwen3-4b 1.00, qwen3-8b 1.00 (run cut: the models it finished)"
