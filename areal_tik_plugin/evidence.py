@@ -209,18 +209,17 @@ def _load_json(path: str) -> dict | None:
         return None
 
 
-def _layer_bench_partial_summary(rec: dict) -> dict:
-    """The summary of a layer-bench record whose run was cut before it wrote one: the bench writes its
-    JSON after every model, so the models it finished are complete; the summary covers only those."""
-    models = [m for m in rec.get("models") or [] if isinstance(m, dict)]
+def layer_bench_summary(models: list[dict]) -> dict[str, Any]:
+    """The summary ``python -m benchmarks.layer_bench`` writes at its end, from its per-model records."""
+    def geomean(v):
+        v = [x for x in v if x and x > 0]
+        return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
+
     ratios = [row["ratio"] for m in models for row in m.get("results") or [] if row.get("ratio")]
-    if not ratios:
-        return {}
-    geo = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs))  # noqa: E731
-    per_model = {m["model"]: geo(r) for m in models
-                 if (r := [row["ratio"] for row in m.get("results") or [] if row.get("ratio")])}
-    return {"mean_ratio": sum(ratios) / len(ratios), "geomean_ratio": geo(ratios), "min_ratio": min(ratios),
-            "per_model_geomean": per_model, "n": len(ratios)}
+    return {"mean_ratio": (sum(ratios) / len(ratios)) if ratios else None, "geomean_ratio": geomean(ratios),
+            "per_model_geomean": {m["model"]: geomean([row.get("ratio") for row in m.get("results") or []])
+                                  for m in models},
+            "n": len(ratios), "min_ratio": min(ratios) if ratios else None}
 
 
 def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[str, Any]]]:
@@ -249,7 +248,10 @@ def integration_summary(impl, root: str | None = None) -> dict[str, list[dict[st
         rec = _load_json(p)
         if not rec or rec.get("schema") != "areal-tik-layer-bench/1":
             continue
-        summ = rec.get("summary") or _layer_bench_partial_summary(rec)
+        summ = rec.get("summary")
+        if summ is None:  # a run cut before its summary: the bench rewrites its JSON after each model it finishes
+            summ = layer_bench_summary([m for m in rec.get("models") or [] if isinstance(m, dict)])
+            summ = summ if summ["n"] else {}
         out["layer_bench"].append({
             "file": rel(p), "gpu": rec.get("env", {}).get("gpu"), "quick": rec.get("quick"),
             "partial": "summary" not in rec,
@@ -653,7 +655,7 @@ def integration_rows(impl, root: str | None = None, source_hash: str | None = No
     for r in integ.get("layer_bench", []):
         if not r.get("matches_hash") or r.get("geomean_ratio") is None:
             continue
-        per = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("per_model_geomean") or {}).items())
+        per = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("per_model_geomean") or {}).items() if v is not None)
         out.append({"what": "layer bench (rollout + update per layer)", "file": r["file"], "gpu": r.get("gpu"),
                     "workload": f"{r['n']} (model, batch, length) cells" + (f": {per}" if per else "")
                                 + (" (run cut: the models it finished)" if r.get("partial") else ""),

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import os
 import sys
 import time
@@ -888,11 +887,6 @@ def _totals(out, decodes, upd_points, errors):
     return results
 
 
-def _geomean(v):
-    v = [x for x in v if x and x > 0]
-    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.layer_bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -973,11 +967,7 @@ def main(argv=None) -> int:
             json.dump(rec, f, indent=1)
         os.replace(path + ".tmp", path)
         torch.cuda.empty_cache()
-    ratios = [row["ratio"] for r in rec["models"] for row in r["results"] if row.get("ratio")]
-    per_model = {r["model"]: _geomean([row.get("ratio") for row in r["results"]]) for r in rec["models"]}
-    rec["summary"] = {"mean_ratio": (sum(ratios) / len(ratios)) if ratios else None, "geomean_ratio": _geomean(ratios),
-                      "per_model_geomean": per_model, "n": len(ratios),
-                      "min_ratio": min(ratios) if ratios else None}
+    rec["summary"] = evidence.layer_bench_summary(rec["models"])
     with open(path + ".tmp", "w") as f:
         json.dump(rec, f, indent=1)
     os.replace(path + ".tmp", path)
@@ -1010,7 +1000,7 @@ def main(argv=None) -> int:
     if s["n"]:
         print(f"ratio baseline/plugin: mean {s['mean_ratio']:.3f}, geomean {s['geomean_ratio']:.3f}, "
               f"min {s['min_ratio']:.3f} over {s['n']} (model, R); per model "
-              + ", ".join(f"{k} {v:.3f}" for k, v in per_model.items() if v))
+              + ", ".join(f"{k} {v:.3f}" for k, v in s["per_model_geomean"].items() if v))
     errs = sum(len(r.get("errors", [])) for r in rec["models"])
     return 0 if s["n"] == len(models) * len(decodes) * len(batches) and errs == 0 else 1
 
