@@ -28,7 +28,8 @@ DEV = "cuda"
 # of Qwen2.5-1.5B and Qwen3-4B, and Qwen3-30B-A3B's attention + router
 SHAPES = {(m, layer): shape for m in ("qwen2.5-1.5b", "qwen3-4b", "qwen3-30b-a3b")
           for layer, shape in weight_shapes(m).items() if not (m == "qwen3-30b-a3b" and layer == "lm_head")}
-BENCH_M = (1, 8, 64, 256, 1024, 4096, 16384)
+# 128: a decode batch of 128 sequences, inside the band 65..255 where kernels may change between 64 and 256
+BENCH_M = (1, 8, 64, 128, 256, 1024, 4096, 16384)
 # probes also time Qwen3-8B's o_proj: every 8B weight has K >= 4096, so it is split
 PROBE_EXTRA_SHAPES = {("qwen3-8b", "o"): weight_shapes("qwen3-8b")["o"]}
 
@@ -38,6 +39,9 @@ def named_shapes() -> dict:
     return {f"{m}:{l}": (n, k) for (m, l), (n, k, _) in {**SHAPES, **PROBE_EXTRA_SHAPES}.items()}
 
 CHECK_M = (8, 24, 64, 256, 1024, 4096, 16384, 65536)  # 24: the BLOCK_M=32 small-M row tile
+# M between 64 and 256 (the edges of a band of two 64-row tiles, and 96 inside it), on the split weights whose
+# kernel an implementation may choose per M band there (Qwen3-4B o / down: K >= 4096, N 2560)
+CHECK_M_MID = (65, 96, 128, 129)
 # accuracy vs fp32 math: the output is rounded once to bf16/fp16
 TOL = {torch.bfloat16: (1e-2, 1e-2), torch.float16: (2e-3, 2e-3)}
 
@@ -148,7 +152,7 @@ def _check_config_coverage(rec):
     gemm = _gemm()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     chosen = {gemm.config_for(M, N, K, sms)["name"] for (N, K, _) in SHAPES.values()
-              for M in (1, 8, 17, 33, 64) + BENCH_M + CHECK_M}
+              for M in (1, 8, 17, 33, 64) + BENCH_M + CHECK_M + CHECK_M_MID}
     names = [c["name"] for c in gemm.all_configs()]
     rec.check("config_table_coverage", True, chosen=sorted(chosen), never_chosen=sorted(set(names) - chosen))
 
@@ -295,6 +299,8 @@ def run_checks(rec, quick: bool = False) -> None:
         ("qwen3-4b/lm_head", SHAPES[("qwen3-4b", "lm_head")], CHECK_M[:4]),
         ("qwen3-30b-a3b/router", SHAPES[("qwen3-30b-a3b", "router")], CHECK_M),
         ("qwen3-4b/o(split)", SHAPES[("qwen3-4b", "o")], CHECK_M[:-1]),
+        ("qwen3-4b/o(split) mid-M", SHAPES[("qwen3-4b", "o")], CHECK_M_MID),
+        ("qwen3-4b/down(split) mid-M", SHAPES[("qwen3-4b", "down")], CHECK_M_MID),
         ("odd/333x1000+bias", (333, 1000, True), (8, 64, 256, 1024, 4096)),
     ]
     if quick:  # one split weight (1.5b down: 5 chunks, K tail-free) stays in the quick grid
@@ -326,7 +332,7 @@ def run_checks(rec, quick: bool = False) -> None:
 
 NATIVE_CASES = (("qwen3-4b", "qkv"), ("qwen3-4b", "o"), ("qwen3-4b", "gate_up"), ("qwen3-4b", "down"),
                 ("qwen3-4b", "lm_head"), ("qwen2.5-1.5b", "qkv"), ("qwen3-30b-a3b", "router"))
-NATIVE_M = (1, 3, 8, 17, 32, 64, 300, 1024)
+NATIVE_M = (1, 3, 8, 17, 32, 64, 96, 300, 1024)
 
 
 def _check_native(rec, cases=NATIVE_CASES, Ms=NATIVE_M):
