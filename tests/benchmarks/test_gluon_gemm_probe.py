@@ -122,3 +122,19 @@ def test_rule_edit_hands_the_gluon_kernel_only_the_shapes_it_won(tmp_path):
                                                                                         "8b_down")}
                 if 33 <= M <= 64 or 129 <= M <= 256 else {})
         assert got == want, M
+
+
+def test_oob_probe_pads_to_whole_tiles_and_refuses_bad_input(capsys):
+    """The ragged-M probe (benchmarks/probes/gluon_gemm_oob_probe.py): its descriptor rows are whole tiles of the
+    plan's rows covering M, and a bad --m / --shapes is refused with what was expected (before any GPU work)."""
+    import pytest
+
+    from benchmarks.probes import gluon_gemm_oob_probe as P
+
+    assert [P.padded_rows(M, 1) for M in (1, 33, 64, 65, 96, 128)] == [64, 64, 64, 128, 128, 128]
+    assert [P.padded_rows(M, 2) for M in (129, 160, 200, 255, 256)] == [256] * 5
+    for argv, msg in ((["--out", "x", "--m", "0"], "--m: expected a comma list of positive integers"),
+                      (["--out", "x", "--shapes", "qwen3-4b:nope"], "--shapes: expected model:layer from")):
+        with pytest.raises(SystemExit):
+            P.main(argv)
+        assert msg in capsys.readouterr().err
