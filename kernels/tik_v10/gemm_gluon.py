@@ -27,9 +27,9 @@ Work items (free knob, no bit depends on it):
   second accumulator in registers (the large-M form, no workspace).
 
 Status: compiled for sm_90 here (registers, spills, shared memory, TMA + wgmma). Its bands up to M 64 and
-from M 129 ran on an H100 in tik_v9 (contract checks pass); the band M 65..128 has no GPU run on this source,
-so this implementation folder is selected for no GPU (kernels/selection.json) until the contract suite and
-benchmarks/probes/gluon_gemm_probe.py have run on it.
+from M 129 ran on an H100 in tik_v9 (contract checks pass); the band M 65..128 ran in the Gluon probe only
+(tik_v9's bits, slower at M 65), so this implementation folder is selected for no GPU (kernels/selection.json):
+the contract suite has not run on it.
 """
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ SPLIT_MIN_WAVES = 0.75  # split items when whole tiles fill fewer than this many
 MIN_ITEMS_PER_SM = 0.25  # the rule's shapes only: M = 64 on N 2560 is 40 tiles of 64 x 64, and won in the probe
 SPLIT_ITEMS = False     # whole-tile items: unsplit BLOCK_N 64 beat the split plans at M = 256 in the probe
 # The shapes this kernel takes (M bands, K, N): where the probe's plans beat gemm.py's Triton kernels. At M 65..128
-# the probe timed plans at M 128 only; M 65 runs the same two row tiles (the second mostly rows past M), so the
-# same time, against tik_v6's 14.4-58.5 us there (the contract's mid-M checks and the probe decide)
+# on an H100 (evidence/probes/gemm/gluon_gemm_probe-tik_v10.log) this band is 1.32x tik_v9 at M 128 and 1.05x at
+# 96, but 0.76x at 65: the same two row tiles, the second mostly rows past M, take 1.6x the time of full ones
+# (tik_v9's bands show the same at M 33 / 129 / 160 / 200), so the band waits for that cost to be found
 BANDS = ((33, 256),)
 RULE_MIN_K = 4096
 RULE_N = (2560, 4096)
