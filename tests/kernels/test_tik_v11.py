@@ -8,7 +8,8 @@ down at M 65 68.9 against 42.8, the same bits. tik_v11 starts the box of a half 
 
 The CPU checks: only gemm_gluon.py differs from tik_v10 (the box rows, the store mask, M passed to the
 producer); the box rule, run as Python, stores every row below M once, from a box inside [0, M) from M 64 up;
-config_for chooses what tik_v10 chooses; the kernel compiles for sm_90 without spills (compile test below)."""
+config_for chooses what tik_v10 chooses; the kernel compiles for sm_90 without spills (compile test below); it is
+selected for sm_90 on the contract records of its hash (evidence/tik_v11/, H100: every check passes)."""
 
 from __future__ import annotations
 
@@ -41,9 +42,15 @@ def test_tik_v11_changes_only_the_gluon_gemm():
     assert "(rows >= base) & (rows < M)" in src
 
 
-def test_tik_v11_is_not_selected_without_its_gpu_run():
+def test_tik_v11_is_selected_on_the_contract_evidence_of_its_hash():
     sel = json.loads((ROOT / "kernels" / "selection.json").read_text())
-    assert "tik_v11" not in sel.values()
+    assert sel["sm_90"] == "tik_v11"
+    h = loader.load_implementation(str(V11)).source_hash[:12]
+    for part in ("rmsnorm-rope-swiglu-kv_write-logprob-gemm-moe", "attention"):
+        rec = json.loads((ROOT / "evidence" / "tik_v11" / f"tik_v11-{h}-{part}.json").read_text())
+        assert rec["source_hash"].startswith(h) and rec["env"]["sm"] == "90"
+        for op, r in rec["ops"].items():
+            assert r["checks"] and all(c["passed"] for c in r["checks"]), op
 
 
 @pytest.mark.parametrize("M", [1, 33, 63, 64, 65, 77, 96, 127, 128, 129, 160, 200, 255, 256, 257, 1000])
