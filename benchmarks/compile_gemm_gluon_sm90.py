@@ -1,7 +1,8 @@
 """Compile an implementation's Gluon GEMM (``gemm_gluon.py``) for sm_90 on a CPU box (no GPU).
 
 Every work-item form gemm_gluon.plan can choose (BLOCK_N 256 on one-chunk weights only; split items on
-weights of several chunks; 128-row tiles on two consumer warpgroups and 64-row ones on one), bf16 with and without a bias, plus fp16: registers, spill bytes and shared
+weights of several chunks; 128-row tiles on two consumer warpgroups and 64-row ones on one, the latter also
+with x in SMALL_M_BOX-row boxes where the implementation has them), bf16 with and without a bias, plus fp16: registers, spill bytes and shared
 memory from the triton wheel's ptxas, the wgmma instruction shapes, TMA loads, setmaxnreg, whether ptxas
 serialized the wgmma (C7514 / C7515) and whether any fp32 fma appears (FP contraction must stay off).
 Fails (exit 1) on a compile error, a spill, more than 227 KiB of shared memory, loads or MMAs that are not
@@ -41,6 +42,10 @@ def variants(g, quick: bool = False) -> list[dict]:
                                     "dtype": "bf16"})
     if not quick:
         out.append({"BLOCK_N": 128, "split": 1, "chunks": 2, "halves": 2, "bias": True, "dtype": "fp16"})
+    # below M 64 an implementation may read x in smaller boxes on its one 64-row tile (gemm_gluon.SMALL_M_BOX)
+    box = getattr(g, "SMALL_M_BOX", 0)
+    if box:
+        out += [dict(v, xbox=box) for v in out if v["halves"] == 1]
     return out
 
 
@@ -62,7 +67,7 @@ def compile_variant(g, v: dict) -> dict:
                                               gl.NVMMASharedLayout.get_default_for([rows, bk], gdt)))
 
     ptr = "*bf16" if dtype == torch.bfloat16 else "*fp16"
-    sig = {"x_desc": desc(g.HALF_M), "w_desc": desc(bn), "Y": ptr, "P": "*fp32" if v["split"] else ptr, "Bias": ptr,
+    sig = {"x_desc": desc(v.get("xbox", g.HALF_M)), "w_desc": desc(bn), "Y": ptr, "P": "*fp32" if v["split"] else ptr, "Bias": ptr,
            "CNT": "*i32" if v["split"] else ptr, "M": "i32", "N": "i32", "K": "i32", "stride_ym": "i32", "n_m": "i32",
            "n_n": "i32", "n_items": "i32"}
     stages = g.STAGES[bn, v["halves"]]
@@ -79,7 +84,7 @@ def compile_variant(g, v: dict) -> dict:
                 setmaxnreg_inc=sorted({int(x) for x in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)}),
                 worker_regs=[int(getattr(x, "value", x)) for x in (g.REGS_CONSUMER, g.REGS_PRODUCER)],
                 wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
-                tma="cp.async.bulk.tensor" in ptx, serialized_wgmma=bool(re.search(r"C751[45]", r["stderr"])),
+                tma="cp.async.bulk.tensor" in ptx, tma_copies=len(re.findall(r"cp\.async\.bulk\.tensor\.", ptx)), serialized_wgmma=bool(re.search(r"C751[45]", r["stderr"])),
                 fma_f32=len(re.findall(r"\bfma\.rn\.f32", ptx)),
                 named_barriers=sorted(set(re.findall(r"bar\.sync\s+(\d+),\s*128;", ptx))))
 
@@ -120,6 +125,7 @@ def main(argv=None) -> int:
         bad += bool(f)
         res.append(r)
         print(f"{'FAIL' if f else 'ok  '} m{64 * r['halves']:<3} n{r['BLOCK_N']:<3} {'split' if r['split'] else 'fused'} chunks {r['chunks']} "
+              + (f"xbox {r['xbox']} " if "xbox" in r else "") +
               f"bias {r['bias']!s:5} {r['dtype']} s{r['stages']} regs {r['regs']} spill {r['spill_bytes']} "
               f"smem {r['smem']} setmaxnreg {r['setmaxnreg_inc']} wgmma {','.join(r['wgmma'])}"
               + (f"  ({'; '.join(f)})" if f else ""), flush=True)
