@@ -1,10 +1,9 @@
 """kernels/tik_v7: tik_v6 with the sm_90 mid-M GEMM in Gluon (gemm_gluon.py: a producer warp's TMA ring,
 two consumer warpgroups' wgmma chains, persistent over (chunk, tile) or tile work items).
 
-Gluon has no CPU interpreter, so the CPU checks what it can: the kernel compiles for sm_90 without spills,
-as TMA + wgmma with the contract's instruction shape, no fp32 fma and a named barrier per consumer; the work
-items (the kernel's own integer functions, run as Python) cover every (chunk, tile) once with the chunks of
-gemm.split_chunk; the plan rule and its refusals; and gemm.linear through a configuration marked for the
+Gluon has no CPU interpreter, so the CPU checks what it can (the sm_90 compile of the selected descendant's
+kernel: tests/kernels/test_tik_v11.py): the work items (the kernel's own integer functions, run as Python)
+cover every (chunk, tile) once with the chunks of gemm.split_chunk; the plan rule and its refusals; and gemm.linear through a configuration marked for the
 Gluon kernel keeps the parent's bits on the CPU (its Triton fallback). Bits on the GPU:
 benchmarks/probes/gluon_gemm_probe.py."""
 
@@ -17,7 +16,6 @@ import pytest
 import torch
 
 from areal_tik_plugin.runtime import loader
-from tests.helpers.scripts import ptxas_available, run_script
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "kernels")
 # (N, K) of the dense layers the probe times (gemm_sweep.SHAPES), plus odd ones
@@ -29,24 +27,6 @@ SHAPES = ((1536, 1536), (1536, 8960), (2560, 4096), (2560, 9728), (4096, 4096), 
 def v7():
     impl = loader.load_implementation(os.path.join(ROOT, "tik_v7"))
     return impl.module("gemm"), impl.module("gemm_gluon")
-
-
-@pytest.mark.skipif(not ptxas_available(), reason="triton's bundled ptxas not found")
-def test_compiles_for_sm90_without_spills(tmp_path):
-    out = tmp_path / "gemm_gluon.json"
-    r = run_script("compile_gemm_gluon_sm90", "--impl", os.path.join(ROOT, "tik_v7"), "--quick", "--json", str(out),
-                   timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    import json
-
-    variants = json.loads(out.read_text())["variants"]
-    # every form plan() can choose, on 128-row tiles (two consumer warpgroups) and 64-row ones (one): 256 fused on
-    # one chunk, 128 / 64 fused and split
-    assert {(v["BLOCK_N"], v["split"], v["chunks"], v["halves"]) for v in variants} == {
-        (bn, s, c, h) for h in (1, 2) for bn, s, c in ((256, 0, 1), (128, 0, 1), (128, 1, 6), (64, 0, 1), (64, 1, 6))}
-    for v in variants:
-        assert v["spill_bytes"] == 0 and v["tma"] and v["wgmma"] == [f"m64n{v['BLOCK_N']}k16"], v
-        assert not v["serialized_wgmma"] and v["fma_f32"] == 0, v
 
 
 @pytest.mark.parametrize("M", [1, 33, 64, 65, 128, 200, 256, 777, 1024])

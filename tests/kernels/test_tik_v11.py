@@ -87,5 +87,11 @@ def test_compiles_for_sm90_without_spills(tmp_path):
     out = tmp_path / "gemm_gluon.json"
     r = run_script("compile_gemm_gluon_sm90", "--impl", str(V11), "--quick", "--json", str(out), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    for v in json.loads(out.read_text())["variants"]:
+    variants = json.loads(out.read_text())["variants"]
+    # every form plan() can choose, on 128-row tiles (two consumer warpgroups) and 64-row ones (one): 256 fused on
+    # one chunk, 128 / 64 fused and split
+    assert {(v["BLOCK_N"], v["split"], v["chunks"], v["halves"]) for v in variants} == {
+        (bn, s, c, h) for h in (1, 2) for bn, s, c in ((256, 0, 1), (128, 0, 1), (128, 1, 6), (64, 0, 1), (64, 1, 6))}
+    for v in variants:
         assert v["spill_bytes"] == 0 and v["tma"] and v["wgmma"] == [f"m64n{v['BLOCK_N']}k16"], v
+        assert not v["serialized_wgmma"] and v["fma_f32"] == 0, v
