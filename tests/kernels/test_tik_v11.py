@@ -19,7 +19,7 @@ import pathlib
 import pytest
 
 from areal_tik_plugin.runtime import loader
-from areal_tik_plugin.search import edits as E
+from tests.helpers.folders import assert_child
 from tests.helpers.native_build import needs_triton36
 from tests.helpers.scripts import ptxas_available, run_script
 
@@ -28,14 +28,7 @@ V10, V11 = ROOT / "kernels" / "tik_v10", ROOT / "kernels" / "tik_v11"
 
 
 def test_tik_v11_changes_only_the_gluon_gemm():
-    v10, v11 = E.read_files(str(V10)), E.read_files(str(V11))
-    assert sorted(r for r in v11 if r.endswith(".py")) == sorted(r for r in v10 if r.endswith(".py"))
-    assert [r for r in v11 if r.endswith(".py") and v11[r] != v10[r]] == ["gemm_gluon.py"]
-    m10, m11 = (json.loads((p / "manifest.json").read_text()) for p in (V10, V11))
-    assert m11["name"] == "tik_v11" and m11["parent"] == "tik_v10"
-    assert {k: v for k, v in m11.items() if k not in ("name", "parent", "source_hash")} == \
-        {k: v for k, v in m10.items() if k not in ("name", "parent", "source_hash")}
-    assert loader.load_implementation(str(V11)).source_hash == m11["source_hash"]
+    v10, v11 = assert_child(V10, V11, ["gemm_gluon.py"])
     src = v11["gemm_gluon.py"]
     # the box rows reach both loads and the consumer's rows; the store keeps the half's own rows only
     assert src.count("_box_row(pid_m * (HALVES * 64)") == 2 and "rows = _box_row(base, M) + offs_r" in src
