@@ -26,9 +26,10 @@ Work items (free knob, no bit depends on it):
 * ``split`` 0: an item is a tile; the chunks run in one K loop and each finished chunk is added to a
   second accumulator in registers (the large-M form, no workspace).
 
-Status: compiled for sm_90 here. tik_v11's kernel and plans; the rule also hands it the wide weights at M 65..128
-(WIDE_RULE), measured at M 128 in the Gluon probe only: this folder is selected for no GPU (kernels/selection.json)
-until the probe at ragged M and the contract suite have run on it.
+Status: compiled for sm_90 here. tik_v11's kernel with x read in two 32-row boxes inside x below M 64
+(x_box_rows), and the rule also handing it the wide weights at M 65..128 (WIDE_RULE). Neither has run on a GPU,
+so this folder is selected for no GPU (kernels/selection.json) until the probes at M 33..63 / 65..128 and the
+contract suite have run on it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from . import contract as C
 
 DTYPES = (torch.bfloat16, torch.float16)
 HALF_M = 64             # rows per consumer warpgroup (one wgmma M); a tile is one or two halves (``halves``)
+SMALL_M_BOX = 32        # x's box rows on a single tile below M 64 (x_box_rows; 0: the 64-row box there too)
 # Free knobs (no bit depends on them). BLOCK_N candidates and the ring depth per (BLOCK_N, halves) (shared
 # memory: STAGES x (halves x 64 + BLOCK_N) x 64 x 2 bytes <= ~200 KB, one program per SM).
 BLOCK_NS = (256, 128, 64)
@@ -131,9 +133,11 @@ def _producer(x_desc, w_desc, x0_s, x1_s, w_s, ready, empty, M, K, n_m, n_n, n_i
               GROUP: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
               HALVES: gl.constexpr):
     """One warp: the TMA loads of this program's items in order, into ring slot cnt % STAGES once every
-    consumer released it. Each half's X box starts at _box_row (no row past M from M 64 up); rows past N,
-    columns past K and, below M 64, rows past M are zero-filled by TMA."""
-    nbytes: gl.constexpr = HALVES * x_desc.block_type.nbytes + w_desc.block_type.nbytes
+    consumer released it. Each half's X box starts at _box_row (no row past M from M 64 up); below M 64 X comes
+    in two SMALL_M_BOX-row boxes, rows 0.. and M - SMALL_M_BOX.. (x_desc's box rows say which), so no box
+    reaches past M either. Rows past N and columns past K are zero-filled by TMA."""
+    XBOX: gl.constexpr = x_desc.block_type.shape[0]
+    nbytes: gl.constexpr = HALVES * (64 // XBOX) * x_desc.block_type.nbytes + w_desc.block_type.nbytes
     cnt = 0
     for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
         c, t, pid_m, pid_n = _item(w, n_m, n_n, GROUP, SPLIT)
@@ -145,7 +149,12 @@ def _producer(x_desc, w_desc, x0_s, x1_s, w_s, ready, empty, M, K, n_m, n_n, n_i
             mbarrier.wait(empty.index(st), ((cnt // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(st), nbytes)
             col = k_lo + kk * BK
-            tma.async_copy_global_to_shared(x_desc, [row0, col], ready.index(st), x0_s.index(st))
+            if XBOX == 64:
+                tma.async_copy_global_to_shared(x_desc, [row0, col], ready.index(st), x0_s.index(st))
+            else:
+                tma.async_copy_global_to_shared(x_desc, [0, col], ready.index(st), x0_s.index(st).slice(0, XBOX))
+                tma.async_copy_global_to_shared(x_desc, [M - XBOX, col], ready.index(st),
+                                                x0_s.index(st).slice(XBOX, XBOX))
             if HALVES == 2:
                 tma.async_copy_global_to_shared(x_desc, [row1, col], ready.index(st), x1_s.index(st))
             tma.async_copy_global_to_shared(w_desc, [pid_n * BN, col], ready.index(st), w_s.index(st))
@@ -184,8 +193,9 @@ def _epilogue(acc, Y, Bias, rows, cols, mask, N, stride_ym, HAS_BIAS: gl.constex
 def _consumer(x_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n_n, n_items,
               HALF: gl.constexpr, CHUNK_K: gl.constexpr, N_CHUNKS: gl.constexpr, GROUP: gl.constexpr,
               SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, BN: gl.constexpr,
-              BK: gl.constexpr, HALVES: gl.constexpr):
-    """Consumer warpgroup HALF (0: the default partition, 1: a worker): rows HALF * 64 .. + 64 of every tile."""
+              BK: gl.constexpr, HALVES: gl.constexpr, XBOX: gl.constexpr):
+    """Consumer warpgroup HALF (0: the default partition, 1: a worker): rows HALF * 64 .. + 64 of every tile
+    (XBOX < 64, one tile below M 64: its rows 0 .. XBOX - 1 and M - XBOX .., each stored once)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     offs_r = gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
     offs_c = gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
@@ -194,10 +204,15 @@ def _consumer(x_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, 
     for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
         c, t, pid_m, pid_n = _item(w, n_m, n_n, GROUP, SPLIT)
         k_lo, n_k = _k_range(c, K, CHUNK_K, BK, SPLIT)
-        base = pid_m * (HALVES * 64) + HALF * 64
-        rows = _box_row(base, M) + offs_r
+        if XBOX == 64:
+            base = pid_m * (HALVES * 64) + HALF * 64
+            rows = _box_row(base, M) + offs_r
+            keep = rows >= base
+        else:
+            rows = gl.where(offs_r < XBOX, offs_r, offs_r + (M - 2 * XBOX))
+            keep = (offs_r < XBOX) | (rows >= XBOX)
         cols = pid_n * BN + offs_c
-        mask = gl.expand_dims((rows >= base) & (rows < M), 1) & gl.expand_dims(cols < N, 0)
+        mask = gl.expand_dims(keep & (rows < M), 1) & gl.expand_dims(cols < N, 0)
         if SPLIT:
             # one chunk's partial into P[c]; the tile half's last chunk item adds them in chunk order
             part, cnt = _chain(x_s, w_s, ready, empty, cnt, n_k, gl.zeros([64, BN], gl.float32, mma), STAGES)
@@ -243,6 +258,7 @@ def _linear_gluon_ws(x_desc, w_desc, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n
     P: the fp32 workspace [N_CHUNKS, M, N] (SPLIT); CNT: 2 x tiles int32 tickets, 0 before and after.
     HALVES: 64-row consumer warpgroups per tile (2: 128-row tiles; 1: 64-row tiles for decode-sized M)."""
     dt: gl.constexpr = x_desc.dtype
+    XBOX: gl.constexpr = x_desc.block_type.shape[0]
     x0_s = gl.allocate_shared_memory(dt, [STAGES, 64, BK], x_desc.layout)
     x1_s = gl.allocate_shared_memory(dt, [STAGES if HALVES == 2 else 1, 64, BK], x_desc.layout)
     w_s = gl.allocate_shared_memory(dt, [STAGES, BN, BK], w_desc.layout)
@@ -255,16 +271,16 @@ def _linear_gluon_ws(x_desc, w_desc, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n
     if HALVES == 2:
         gl.warp_specialize([
             (_consumer, (x0_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n_n, n_items, 0, CHUNK_K,
-                         N_CHUNKS, GROUP, SPLIT, HAS_BIAS, STAGES, BN, BK, HALVES)),
+                         N_CHUNKS, GROUP, SPLIT, HAS_BIAS, STAGES, BN, BK, HALVES, XBOX)),
             (_consumer, (x1_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n_n, n_items, 1, CHUNK_K,
-                         N_CHUNKS, GROUP, SPLIT, HAS_BIAS, STAGES, BN, BK, HALVES)),
+                         N_CHUNKS, GROUP, SPLIT, HAS_BIAS, STAGES, BN, BK, HALVES, XBOX)),
             (_producer_entry, (x_desc, w_desc, x0_s, x1_s, w_s, ready, empty, M, K, n_m, n_n, n_items, CHUNK_K, GROUP,
                                SPLIT, STAGES, BN, BK, HALVES)),
         ], [4, 1], [REGS_CONSUMER, REGS_PRODUCER])
     else:
         gl.warp_specialize([
             (_consumer, (x0_s, w_s, ready, empty, Y, P, Bias, CNT, M, N, K, stride_ym, n_m, n_n, n_items, 0, CHUNK_K,
-                         N_CHUNKS, GROUP, SPLIT, HAS_BIAS, STAGES, BN, BK, HALVES)),
+                         N_CHUNKS, GROUP, SPLIT, HAS_BIAS, STAGES, BN, BK, HALVES, XBOX)),
             (_producer_entry, (x_desc, w_desc, x0_s, x1_s, w_s, ready, empty, M, K, n_m, n_n, n_items, CHUNK_K, GROUP,
                                SPLIT, STAGES, BN, BK, HALVES)),
         ], [1], [REGS_PRODUCER])
@@ -293,6 +309,13 @@ SMEM_RING_MAX = 200 * 1024   # the ring's share of the SM's 227 KB (the rest: ba
 def ring_bytes(bn: int, stages: int, halves: int = 2) -> int:
     """Shared memory of a ring of ``stages`` (``halves`` 64-row X tiles + one BLOCK_N-row W tile) x GEMM_BLOCK_K."""
     return stages * (halves * HALF_M + bn) * C.GEMM_BLOCK_K * 2
+
+
+def x_box_rows(M: int, halves: int) -> int:
+    """Rows of x's TMA box: HALF_M, or SMALL_M_BOX on one 64-row tile when SMALL_M_BOX < M < HALF_M (two boxes
+    that lie inside x, where one 64-row box would run past M: its zero fill cost 9-17 % at M 33 on Qwen3-4B /
+    8B o and down, evidence/probes/gemm/gluon_gemm_oob_probe-tik_v11.json, H100)."""
+    return SMALL_M_BOX if SMALL_M_BOX and halves == 1 and SMALL_M_BOX < M < HALF_M else HALF_M
 
 
 def in_band(M: int) -> bool:
@@ -390,7 +413,8 @@ def linear(x, weight, bias, y, chunk: int, sms: int, cfg: dict | None = None):
     N = weight.shape[0]
     p = plan(M, N, K, chunk, sms, cfg)
     bn, bk = p["BLOCK_N"], C.GEMM_BLOCK_K
-    xd = AG._descriptor(x, 1, K, (HALF_M, bk))      # [M, K] read as [rows, 1 x K]: x.shape[0], x.stride(0)
+    xbox = x_box_rows(M, p["halves"])
+    xd = AG._descriptor(x, 1, K, (xbox, bk))        # [M, K] read as [rows, 1 x K]: x.shape[0], x.stride(0)
     wd = AG._descriptor(weight, 1, K, (bn, bk))
     if p["split"]:
         work = torch.empty((p["n_chunks"], M, N), device=x.device, dtype=torch.float32)
