@@ -27,9 +27,9 @@ Work items (free knob, no bit depends on it):
   second accumulator in registers (the large-M form, no workspace).
 
 Status: compiled for sm_90 here. tik_v11's kernel with x read in two 32-row boxes inside x below M 64
-(x_box_rows), and the rule also handing it the wide weights at M 65..128 (WIDE_RULE). Neither has run on a GPU,
-so this folder is selected for no GPU (kernels/selection.json) until the probes at M 33..63 / 65..128 and the
-contract suite have run on it.
+(x_box_rows), and the rule also handing it the wide weights at M 65..128 (WIDE_RULE). Which GPU runs this
+folder is kernels/selection.json's choice, made only on the contract evidence for this folder's source hash
+(`tik evidence --implementation tik_v12`).
 """
 
 from __future__ import annotations
