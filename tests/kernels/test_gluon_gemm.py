@@ -2,7 +2,7 @@
 two consumer warpgroups' wgmma chains, persistent over (chunk, tile) or tile work items).
 
 Gluon has no CPU interpreter, so the CPU checks what it can (the sm_90 compile of the selected descendant's
-kernel: tests/kernels/test_tik_v11.py): the work items (the kernel's own integer functions, run as Python)
+kernel: tests/kernels/test_tik_v12.py): the work items (the kernel's own integer functions, run as Python)
 cover every (chunk, tile) once with the chunks of gemm.split_chunk; the plan rule and its refusals; and gemm.linear through a configuration marked for the
 Gluon kernel keeps the parent's bits on the CPU (its Triton fallback). Bits on the GPU:
 benchmarks/probes/gluon_gemm_probe.py."""

@@ -8,12 +8,11 @@ down at M 65 68.9 against 42.8, the same bits. tik_v11 starts the box of a half 
 
 The CPU checks: only gemm_gluon.py differs from tik_v10 (the box rows, the store mask, M passed to the
 producer); the box rule, run as Python, stores every row below M once, from a box inside [0, M) from M 64 up;
-config_for chooses what tik_v10 chooses; the kernel compiles for sm_90 without spills (compile test below); it is
-selected for sm_90 on the contract records of its hash (evidence/tik_v11/, H100: every check passes)."""
+config_for chooses what tik_v10 chooses. Its contract records (evidence/tik_v11/, H100) pass every check; its
+descendant tik_v12 is the folder selected for sm_90, and the sm_90 compile is checked there."""
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import pytest
@@ -21,7 +20,6 @@ import pytest
 from areal_tik_plugin.runtime import loader
 from tests.helpers.folders import assert_child
 from tests.helpers.native_build import needs_triton36
-from tests.helpers.scripts import ptxas_available, run_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 V10, V11 = ROOT / "kernels" / "tik_v10", ROOT / "kernels" / "tik_v11"
@@ -33,17 +31,6 @@ def test_tik_v11_changes_only_the_gluon_gemm():
     # the box rows reach both loads and the consumer's rows; the store keeps the half's own rows only
     assert src.count("_box_row(pid_m * (HALVES * 64)") == 2 and "rows = _box_row(base, M) + offs_r" in src
     assert "(rows >= base) & (rows < M)" in src
-
-
-def test_tik_v11_is_selected_on_the_contract_evidence_of_its_hash():
-    sel = json.loads((ROOT / "kernels" / "selection.json").read_text())
-    assert sel["sm_90"] == "tik_v11"
-    h = loader.load_implementation(str(V11)).source_hash[:12]
-    for part in ("rmsnorm-rope-swiglu-kv_write-logprob-gemm-moe", "attention"):
-        rec = json.loads((ROOT / "evidence" / "tik_v11" / f"tik_v11-{h}-{part}.json").read_text())
-        assert rec["source_hash"].startswith(h) and rec["env"]["sm"] == "90"
-        for op, r in rec["ops"].items():
-            assert r["checks"] and all(c["passed"] for c in r["checks"]), op
 
 
 @pytest.mark.parametrize("M", [1, 33, 63, 64, 65, 77, 96, 127, 128, 129, 160, 200, 255, 256, 257, 1000])
@@ -73,18 +60,3 @@ def test_config_for_is_tik_v10s():
     for M in (1, 33, 64, 65, 96, 128, 129, 200, 256, 257, 1024, 4096):
         for N, K in ((2560, 4096), (2560, 9728), (4096, 12288), (6144, 2560), (333, 4100)):
             assert g11.config_for(M, N, K, 132) == g10.config_for(M, N, K, 132), (M, N, K)
-
-
-@pytest.mark.skipif(not ptxas_available(), reason="triton's bundled ptxas not found")
-def test_compiles_for_sm90_without_spills(tmp_path):
-    out = tmp_path / "gemm_gluon.json"
-    r = run_script("compile_gemm_gluon_sm90", "--impl", str(V11), "--quick", "--json", str(out), timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    variants = json.loads(out.read_text())["variants"]
-    # every form plan() can choose, on 128-row tiles (two consumer warpgroups) and 64-row ones (one): 256 fused on
-    # one chunk, 128 / 64 fused and split
-    assert {(v["BLOCK_N"], v["split"], v["chunks"], v["halves"]) for v in variants} == {
-        (bn, s, c, h) for h in (1, 2) for bn, s, c in ((256, 0, 1), (128, 0, 1), (128, 1, 6), (64, 0, 1), (64, 1, 6))}
-    for v in variants:
-        assert v["spill_bytes"] == 0 and v["tma"] and v["wgmma"] == [f"m64n{v['BLOCK_N']}k16"], v
-        assert not v["serialized_wgmma"] and v["fma_f32"] == 0, v

@@ -13,8 +13,9 @@
 The CPU checks: only gemm_gluon.py differs from tik_v11; config_for differs from tik_v11's only on the wide
 weights at M 65..128, on the probe's plan with tik_v11's Triton choice as the fallback; the box rule and the
 consumer's row map (the kernel's expressions, run here as Python) store every row below M once from boxes inside
-x; the kernel compiles for sm_90 without spills with both box sizes, one more TMA copy a stage with 32-row boxes;
-it is selected for no GPU."""
+x; the kernel compiles for sm_90 without spills with both box sizes, one more TMA copy a stage with 32-row boxes.
+It is selected for sm_90 on the contract records of its hash (evidence/tik_v12/, H100: every check passes; the
+probes evidence/probes/gemm/gluon_gemm_{oob_,}probe-tik_v12.json: the same bits as tik_v11 at M 33..128)."""
 
 from __future__ import annotations
 
@@ -49,9 +50,15 @@ def test_tik_v12_changes_only_the_gluon_gemm():
     assert "[M - XBOX, col]" in src and "x0_s.index(st).slice(XBOX, XBOX)" in src
 
 
-def test_tik_v12_is_not_selected_without_its_gpu_run():
+def test_tik_v12_is_selected_on_the_contract_evidence_of_its_hash():
     sel = json.loads((ROOT / "kernels" / "selection.json").read_text())
-    assert "tik_v12" not in sel.values()
+    assert sel["sm_90"] == "tik_v12"
+    h = loader.load_implementation(str(V12)).source_hash[:12]
+    for part in ("rmsnorm-rope-swiglu-kv_write-logprob-gemm-moe", "attention"):
+        rec = json.loads((ROOT / "evidence" / "tik_v12" / f"tik_v12-{h}-{part}.json").read_text())
+        assert rec["source_hash"].startswith(h) and rec["env"]["sm"] == "90"
+        for op, r in rec["ops"].items():
+            assert r["checks"] and all(c["passed"] for c in r["checks"]), op
 
 
 @needs_triton36
@@ -100,9 +107,14 @@ def test_compiles_for_sm90_with_both_boxes(tmp_path):
     r = run_script("compile_gemm_gluon_sm90", "--impl", str(V12), "--quick", "--json", str(out), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     variants = json.loads(out.read_text())["variants"]
+    # every form plan() can choose, on 128-row tiles (two consumer warpgroups) and 64-row ones (one): 256 fused on
+    # one chunk, 128 / 64 fused and split
+    assert {(v["BLOCK_N"], v["split"], v["chunks"], v["halves"]) for v in variants if "xbox" not in v} == {
+        (bn, s, c, h) for h in (1, 2) for bn, s, c in ((256, 0, 1), (128, 0, 1), (128, 1, 6), (64, 0, 1), (64, 1, 6))}
     assert {v["BLOCK_N"] for v in variants if v.get("xbox") == 32} == {256, 128, 64}
     for v in variants:
         assert v["spill_bytes"] == 0 and v["tma"] and v["wgmma"] == [f"m64n{v['BLOCK_N']}k16"], v
+        assert not v["serialized_wgmma"] and v["fma_f32"] == 0, v
     # one more TMA copy per ring stage with 32-row boxes (two of x, one of w) than with the 64-row box
     key = lambda v: (v["BLOCK_N"], v["split"], v["chunks"], v["halves"])   # noqa: E731
     full = {key(v): v["tma_copies"] for v in variants if "xbox" not in v}
