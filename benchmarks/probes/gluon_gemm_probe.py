@@ -43,10 +43,10 @@ def parse_ms(text: str) -> list[int]:
 HALVES_1_UP_TO = 128   # M 65..128: 64-row tiles on one consumer too (twice the tiles of the 128-row default)
 
 
-def plans(g, M: int | None = None) -> list[dict]:
+def plans(g, M: int | None = None, halves_1_up_to: int = HALVES_1_UP_TO) -> list[dict]:
     """Every (BLOCK_N, split) knob set of gemm_gluon at its default ring depth (64- or 128-row tiles by M); for
-    M in 65..HALVES_1_UP_TO also every set on 64-row tiles, where 128-row ones leave SMs idle."""
-    halves = (None, 1) if M is not None and g.HALVES_1_MAX_M < M <= HALVES_1_UP_TO else (None,)
+    M in HALVES_1_MAX_M + 1..halves_1_up_to also every set on 64-row tiles, where 128-row ones leave SMs idle."""
+    halves = (None, 1) if M is not None and g.HALVES_1_MAX_M < M <= halves_1_up_to else (None,)
     return [g.config(BLOCK_N=bn, split=s, halves=h) for h in halves for bn in g.BLOCK_NS for s in (0, 1)]
 
 
@@ -68,6 +68,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="comma list of model:layer (default: every non-lm_head shape)")
     ap.add_argument("--alt-m", default="64,128,256", help="comma list of the M values where every plan is checked and "
                     "timed too, in gemm_gluon's M band or not ('' for none)")
+    ap.add_argument("--halves-1-up-to", type=int, default=HALVES_1_UP_TO,
+                    help="at the --alt-m values up to this M, every plan on 64-row tiles (one consumer) too "
+                         f"[{HALVES_1_UP_TO}]")
     ap.add_argument("--guard-s", type=float, default=0.0,
                     help="first run every plan once on two small problems in a child process with this wall-clock "
                          "limit: a hang or a crash there is reported and ends the probe (exit 3) instead of taking "
@@ -76,6 +79,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.guard_s < 0:
         ap.error(f"--guard-s: expected >= 0, got {args.guard_s}")
+    if args.halves_1_up_to < 1:
+        ap.error(f"--halves-1-up-to: expected a positive M, got {args.halves_1_up_to}")
     try:
         Ms = parse_ms(args.m)
         alt_ms = set(parse_ms(args.alt_m)) if args.alt_m.strip() else set()
@@ -148,7 +153,7 @@ def main(argv=None) -> int:
                     xh, wh = x.half(), ws[0].half()
                     if not torch.equal(bits(gemm.linear(xh, wh, config=cfg)), bits(ref.linear(xh, wh, config=rcfg))):
                         row["mismatch"].append(f"{cfg['name']}/fp16")
-                alts = plans(g, M) if M in alt_ms else []   # outside the band too: what the kernel would give there
+                alts = plans(g, M, args.halves_1_up_to) if M in alt_ms else []   # outside the band too: what the kernel would give there
                 for p in alts:
                     pc = plan_config(cfg, p)
                     name = plan_name(g.plan(M, N, K, gemm.split_chunk(K), sms, dict(p)))

@@ -26,6 +26,7 @@ def test_probe_arguments_and_plans():
     assert {probe.plan_name(g.plan(128, 4096, 12288, 2048, 132, dict(p))) for p in p128 if not p["split"]} >= {
         "m64_n64_fused_s12", "m128_n64_fused_s8"}
     assert probe.plan_config({"name": "x"}, p128[-1])["gluon"]["halves"] == 1
+    assert probe.plans(g, 256, 256) == p128 != probe.plans(g, 257, 256)   # --halves-1-up-to widens the band
     names = {probe.plan_name(g.plan(256, 4096, 12288, 2048, 132, dict(p, BLOCK_N=min(p["BLOCK_N"], 128)))) for p in ps}
     assert names == {"m128_n128_split_s6", "m128_n128_fused_s6", "m128_n64_split_s8", "m128_n64_fused_s8"}
     assert probe.plan_name(g.plan(64, 4096, 12288, 2048, 132, g.config(BLOCK_N=64, split=1))) == "m64_n64_split_s12"
