@@ -153,7 +153,8 @@ def main(argv=None) -> int:
                     xh, wh = x.half(), ws[0].half()
                     if not torch.equal(bits(gemm.linear(xh, wh, config=cfg)), bits(ref.linear(xh, wh, config=rcfg))):
                         row["mismatch"].append(f"{cfg['name']}/fp16")
-                alts = plans(g, M, args.halves_1_up_to) if M in alt_ms else []   # outside the band too: what the kernel would give there
+                # outside the band too: what the kernel would give there
+                alts = plans(g, M, args.halves_1_up_to) if M in alt_ms else []
                 for p in alts:
                     pc = plan_config(cfg, p)
                     name = plan_name(g.plan(M, N, K, gemm.split_chunk(K), sms, dict(p)))
