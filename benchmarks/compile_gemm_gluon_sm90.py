@@ -42,10 +42,14 @@ def variants(g, quick: bool = False) -> list[dict]:
                                     "dtype": "bf16"})
     if not quick:
         out.append({"BLOCK_N": 128, "split": 1, "chunks": 2, "halves": 2, "bias": True, "dtype": "fp16"})
+    if "stream" in g.KNOBS:  # the stream form (tiles cut into K-step pieces, a handoff state between programs)
+        out += [{"BLOCK_N": bn, "split": 0, "chunks": chunks, "halves": halves, "bias": False, "dtype": "bf16",
+                 "stream": 1} for halves in (2, 1) for bn in g.BLOCK_NS for chunks in (1, 6)
+                if not (bn == 256 and chunks > 1) and not (quick and chunks > 1 and bn != 128)]
     # below M 64 an implementation may read x in smaller boxes on its one 64-row tile (gemm_gluon.SMALL_M_BOX)
     box = getattr(g, "SMALL_M_BOX", 0)
     if box:
-        out += [dict(v, xbox=box) for v in out if v["halves"] == 1]
+        out += [dict(v, xbox=box) for v in out if v["halves"] == 1 and not v.get("stream")]
     return out
 
 
@@ -67,12 +71,16 @@ def compile_variant(g, v: dict) -> dict:
                                               gl.NVMMASharedLayout.get_default_for([rows, bk], gdt)))
 
     ptr = "*bf16" if dtype == torch.bfloat16 else "*fp16"
-    sig = {"x_desc": desc(v.get("xbox", g.HALF_M)), "w_desc": desc(bn), "Y": ptr, "P": "*fp32" if v["split"] else ptr, "Bias": ptr,
-           "CNT": "*i32" if v["split"] else ptr, "M": "i32", "N": "i32", "K": "i32", "stride_ym": "i32", "n_m": "i32",
+    work = v["split"] or v.get("stream")
+    sig = {"x_desc": desc(v.get("xbox", g.HALF_M)), "w_desc": desc(bn), "Y": ptr, "P": "*fp32" if work else ptr, "Bias": ptr,
+           "CNT": "*i32" if work else ptr, "M": "i32", "N": "i32", "K": "i32", "stride_ym": "i32", "n_m": "i32",
            "n_n": "i32", "n_items": "i32"}
     stages = g.STAGES[bn, v["halves"]]
     cx = {"CHUNK_K": 2048, "N_CHUNKS": v["chunks"], "GROUP": g.GROUP_M, "SPLIT": bool(v["split"]), "HAS_BIAS": v["bias"],
           "STAGES": stages, "BN": bn, "BK": bk, "HALVES": v["halves"]}
+    if "stream" in g.KNOBS:   # the stream form's kernel: the stream tiles' count, the STREAM switch
+        sig["n_sk"] = "i32"
+        cx["STREAM"] = bool(v.get("stream"))
     sig.update({k: "constexpr" for k in cx})
     c = triton.compile(GluonASTSource(g._linear_gluon_ws, sig, constexprs=cx), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4, "enable_fp_fusion": False})
@@ -104,7 +112,7 @@ def failures(r: dict) -> list[str]:
     regs = max(r["setmaxnreg_inc"], default=0) + (sum(r["worker_regs"]) if r["halves"] == 2 else r["worker_regs"][1])
     if 128 * regs > 65536:
         out.append("setmaxnreg asks more than 64K registers per SM")
-    if r["split"] and len(r["named_barriers"]) < r["halves"]:
+    if (r["split"] or r.get("stream")) and len(r["named_barriers"]) < r["halves"]:
         out.append(f"the consumers' ticket barriers are not one named barrier each ({r['named_barriers']})")
     return out
 
