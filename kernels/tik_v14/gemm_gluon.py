@@ -99,8 +99,8 @@ REGS_PRODUCER = gl.constexpr(24)
 # Stream form (``stream`` 1): where whole tiles leave the last wave part-filled, the tiles of the last one or two
 # waves are cut into per-program ranges of K steps (_stream_piece); with STREAM_TILES plan() weighs it against whole
 # tiles, counting STREAM_HANDOFF_STEPS steps per program for the state's store and load. Off: on an H100 it kept the
-# bits but was slower than the whole-tile plans in every cell timed, e.g. Qwen3-8B gate_up at M 1024 429.5 us on
-# BLOCK_N 128 against 387.1 for whole tiles (evidence/probes/gemm/gluon_gemm_probe-tik_v14.json against
+# bits, but its best plan was slower than the best whole-tile plan on every shape timed, e.g. Qwen3-8B gate_up at
+# M 1024 429.5 us on BLOCK_N 128 against 308.4 (evidence/probes/gemm/gluon_gemm_probe-tik_v14.json against
 # gluon_gemm_probe-large-tik_v12.json); the form runs only where a configuration sets the knob (probes, the search)
 STREAM_TILES = False
 STREAM_HANDOFF_STEPS = 2

@@ -14,8 +14,8 @@ it, so config_for is tik_v13's); and the sm_90 compile of every stream variant w
 
 On an H100 (evidence/probes/gemm/gluon_gemm_probe-tik_v14.json, this device code with the form on by default) every
 stream plan kept tik_v13's bits (Qwen3-4B qkv / down, 8B gate_up, 30B-A3B qkv at M 256 and 1024, and the guard's
-problems) and none hung, but none was faster than the whole-tile plans: Qwen3-8B gate_up at M 1024 429.5 us on
-BLOCK_N 128 against 387.1 whole (gluon_gemm_probe-large-tik_v12.json), Qwen3-4B qkv 71.9 against 59.0. Not
+problems) and none hung, but on no shape was its best plan faster than the best whole-tile plan: Qwen3-8B gate_up at
+M 1024 429.5 us against 308.4 (gluon_gemm_probe-large-tik_v12.json), Qwen3-4B qkv 66.3 against 59.0. Not
 selected; the form stays a knob for the probe and the search."""
 
 from __future__ import annotations
