@@ -168,11 +168,18 @@ def launch_spmd(entry: list[str], nproc: int | None, port: int | None, log_dir: 
     servers, addrs, trainer = [], [], None
     try:
         for i in range(n_srv):
-            sp = port + i if port else free_port()
-            sargs = S.server_args_from_areal(cfg, tp_size=tp, host="127.0.0.1", port=sp)
             log = os.path.join(log_dir, f"sglang_{i}.log") if log_dir else None
             extra = {"CUDA_VISIBLE_DEVICES": gpus[0][i]} if gpus else None
-            servers.append((S.start_server(sargs, tik, log_path=log, extra_env=extra, wait=gpus is None), sp))
+
+            def args_for(sp):
+                return S.server_args_from_areal(cfg, tp_size=tp, host="127.0.0.1", port=sp)
+
+            if port or gpus:
+                sp = port + i if port else free_port()
+                proc = S.start_server(args_for(sp), tik, log_path=log, extra_env=extra, wait=gpus is None)
+            else:  # started one by one and waited for: a port taken before the server bound it is retried
+                proc, sp = S.start_server_on_free_port(args_for, free_port, tik, log_path=log, extra_env=extra)
+            servers.append((proc, sp))
             addrs.append(f"127.0.0.1:{sp}")
         env = dict(os.environ, AREAL_SPMD_MODE="1", AREAL_LLM_SERVER_ADDRS=",".join(addrs))
         env[ENV_VAR] = tik.to_env()

@@ -195,6 +195,31 @@ def wait_healthy(host: str, port: int, proc=None, timeout: float = 300.0) -> Non
     raise TimeoutError(f"SGLang server at {host}:{port} not healthy after {timeout:.0f}s")
 
 
+class PortInUse(RuntimeError):
+    """The server exited because its port was taken before it could bind it."""
+
+
+def _log_says_port_in_use(log_path: str | None, since: int) -> bool:
+    if not log_path or not os.path.exists(log_path):
+        return False
+    with open(log_path, "rb") as f:
+        f.seek(since)
+        return b"address already in use" in f.read().lower()
+
+
+def start_server_on_free_port(make_args, free_port, tik: TikConfig, tries: int = 3, **kw):
+    """:func:`start_server` (``wait`` True) on ``make_args(free_port())``; where the server exits because another
+    process bound that port between ``free_port()`` and the server's own bind (a free port is not held), again on
+    a fresh one, up to ``tries`` ports. Returns (process, port)."""
+    for attempt in range(tries):
+        port = free_port()
+        try:
+            return start_server(make_args(port), tik, **kw), port
+        except PortInUse:
+            if attempt == tries - 1:
+                raise
+
+
 def start_server(server_args: dict, tik: TikConfig, log_path: str | None = None, timeout: float = 300.0,
                  extra_env: dict | None = None, wait: bool = True):
     """Start SGLang with :func:`build_command` in its own process group and (``wait``) wait until
@@ -207,11 +232,18 @@ def start_server(server_args: dict, tik: TikConfig, log_path: str | None = None,
         with open(log_path, "a") as f:
             f.write("[tik] " + " ".join(cmd) + "\n" + "".join(
                 f"[tik]   {k}={env[k]}\n" for k in sorted(env) if k.startswith(("SGLANG_", "CUDA_VISIBLE"))))
+    since = os.path.getsize(log_path) if log_path else 0
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     if wait:
         try:
             wait_healthy(server_args.get("host", "127.0.0.1"), int(server_args["port"]), proc, timeout)
+        except RuntimeError as e:
+            stop_server(proc)
+            if proc.poll() is not None and _log_says_port_in_use(log_path, since):
+                raise PortInUse(f"SGLang could not bind port {server_args['port']} (address already in use; "
+                                f"log {log_path})") from e
+            raise
         except BaseException:
             stop_server(proc)
             raise
