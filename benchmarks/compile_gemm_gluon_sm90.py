@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         f = failures(r)
         bad += bool(f)
         res.append(r)
-        print(f"{'FAIL' if f else 'ok  '} m{64 * r['halves']:<3} n{r['BLOCK_N']:<3} {'split' if r['split'] else 'fused'} chunks {r['chunks']} "
+        print(f"{'FAIL' if f else 'ok  '} m{64 * r['halves']:<3} n{r['BLOCK_N']:<3} {'split' if r['split'] else ('stream' if r.get('stream') else 'fused')} chunks {r['chunks']} "
               + (f"xbox {r['xbox']} " if "xbox" in r else "") +
               f"bias {r['bias']!s:5} {r['dtype']} s{r['stages']} regs {r['regs']} spill {r['spill_bytes']} "
               f"smem {r['smem']} setmaxnreg {r['setmaxnreg_inc']} wgmma {','.join(r['wgmma'])}"
