@@ -9,7 +9,7 @@ down at M 65 68.9 against 42.8, the same bits. tik_v11 starts the box of a half 
 The CPU checks: only gemm_gluon.py differs from tik_v10 (the box rows, the store mask, M passed to the
 producer); the box rule, run as Python, stores every row below M once, from a box inside [0, M) from M 64 up;
 config_for chooses what tik_v10 chooses. Its contract records (evidence/tik_v11/, H100) pass every check; its
-descendant tik_v12 is the folder selected for sm_90, and the sm_90 compile is checked there."""
+descendant tik_v13 is the folder selected for sm_90, and the sm_90 compile is checked in its parent tik_v12."""
 
 from __future__ import annotations
 

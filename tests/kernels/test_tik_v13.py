@@ -10,7 +10,10 @@ plan with tik_v11's bits):
 
 The kernel itself is tik_v12's (its sm_90 compile check is test_tik_v12's); the CPU checks here: only
 gemm_gluon.py differs, and only in the rule; config_for differs from tik_v12's exactly on those shapes and M,
-with tik_v12's Triton or Gluon choice as the fallback / the other form, and is tik_v12's everywhere else."""
+with tik_v12's Triton or Gluon choice as the fallback / the other form, and is tik_v12's everywhere else.
+It is selected for sm_90 on the records of its hash (H100): every contract check passes (evidence/tik_v13/), the
+SGLang proof (evidence/sglang/sglang_gpu_proof-tik_v13-qwen3-4b-b48.json) and `tik verify`
+(evidence/verify/verify-tik_v13-qwen3-4b-b48.json) are bit-identical."""
 
 from __future__ import annotations
 
@@ -39,6 +42,12 @@ NARROW_BN = {256: 64, 512: 128}
 def _jit_sources(text: str) -> list[str]:
     """The @gluon.jit functions of gemm_gluon.py, whole (decorator to the next top-level statement)."""
     return re.findall(r"@gluon\.jit\n.*?(?=\n\S)", text, flags=re.S)
+
+
+def test_tik_v13_is_the_sm90_selection():
+    # that the selected folder's hash has passing contract records for every op is
+    # tests/tools/test_evidence.py::test_selected_implementation_has_passing_gpu_evidence
+    assert loader.selected_name("sm_90") == "tik_v13"
 
 
 def test_tik_v13_changes_only_the_gluon_gemm_rule():
