@@ -151,6 +151,13 @@ def main(argv=None) -> int:
                         else:
                             sig["SPLIT_FLAT"] = "constexpr"
                             consts["SPLIT_FLAT"] = bool(cfg.get("flat", gemm.SPLIT_FLAT)) and n_chunks > 1
+                        bn2 = int(cfg.get("BLOCK_N2", 0))
+                        if bn2:  # a tile of BLOCK_N + BLOCK_N2 columns (gemm.WIDE_TILES): the second descriptor pair
+                            sig.update(w2_desc=desc([bn2, bk]), y2_desc=desc([bm, bn2]), BLOCK_N2="constexpr")
+                            consts.update(BLOCK_N2=bn2)
+                        elif "BLOCK_N2" in kern.arg_names:   # a power-of-two tile: no second pair (a launch's defaults)
+                            sig.update(w2_desc="constexpr", y2_desc="constexpr", BLOCK_N2="constexpr")
+                            consts.update(w2_desc=None, y2_desc=None, BLOCK_N2=0)
                         compile_one(f"linear_tma{'_persistent' if persistent else ''}/{dt}/{cfg['name']}{tag}"
                                     f"/b{int(has_bias)}", kern, sig, consts, [3, 5, 6], opts)
             if not fused:
