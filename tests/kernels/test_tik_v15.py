@@ -49,18 +49,28 @@ def test_tik_v15_changes_only_gemm_and_one_kernel():
     assert [k for k in a if a[k] != b[k]] == ["_linear_tma_persistent_kernel"]
 
 
-def _gemm(monkeypatch=None):
+def _gemm():
     return loader.load_implementation(str(V15)).module("gemm")
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """(kernel name, BLOCK_N2) of every launch gemm.linear makes."""
+    g, seen = _gemm(), []
+    real = g.launch
+
+    def record(fn, grid, *a, **kw):
+        seen.append((fn.__name__, kw.get("BLOCK_N2", 0)))
+        return real(fn, grid, *a, **kw)
+
+    monkeypatch.setattr(g, "launch", record)
+    return seen
 
 
 @pytest.mark.parametrize("M,N,K", [(130, 200, 192), (33, 168, 128), (63, 104, 4200)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_wide_tiles_keep_the_bits(M, N, K, bias, monkeypatch):
+def test_wide_tiles_keep_the_bits(M, N, K, bias, launched):
     g = _gemm()
-    launched = []
-    real = g.launch
-    monkeypatch.setattr(g, "launch", lambda fn, grid, *a, **kw: (launched.append((fn.__name__, kw.get("BLOCK_N2", 0))),
-                                                                 real(fn, grid, *a, **kw))[1])
     torch.manual_seed(M * N + K)
     x = torch.randn(M, K).bfloat16()
     w = (torch.randn(N, K) / K ** 0.5).bfloat16()
@@ -74,12 +84,8 @@ def test_wide_tiles_keep_the_bits(M, N, K, bias, monkeypatch):
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (cfg["name"], M, N, K)
 
 
-def test_wide_tiles_fp16_and_a_misaligned_output(monkeypatch):
+def test_wide_tiles_fp16_and_a_misaligned_output(launched):
     g = _gemm()
-    launched = []
-    real = g.launch
-    monkeypatch.setattr(g, "launch", lambda fn, grid, *a, **kw: (launched.append((fn.__name__, kw.get("BLOCK_N2", 0))),
-                                                                 real(fn, grid, *a, **kw))[1])
     torch.manual_seed(7)
     M, N, K = 77, 99, 320
     x, w = torch.randn(M, K).half(), (torch.randn(N, K) / K ** 0.5).half()
