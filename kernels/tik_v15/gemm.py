@@ -480,18 +480,15 @@ def _linear_tma_persistent_kernel(
         off_n = pid_n * WIDTH
         if BLOCK_N2 == 0:
             acc = _tma_chain(x_desc, w_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK_K, N_CHUNKS)
-            offs_n = off_n + tl.arange(0, BLOCK_N)
-            acc = _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS)
-            y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
         else:
             acc, acc2 = _tma_chain2(x_desc, w_desc, w2_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_N2, BLOCK_K,
                                     CHUNK_K, N_CHUNKS)
-            offs_n = off_n + tl.arange(0, BLOCK_N)
-            acc = _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS)
-            y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
             offs_n2 = off_n + BLOCK_N + tl.arange(0, BLOCK_N2)
             acc2 = _bias_epilogue(acc2, Bias, offs_n2, N, HAS_BIAS)
             y2_desc.store([off_m, off_n + BLOCK_N], acc2.to(y2_desc.dtype))
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        acc = _bias_epilogue(acc, Bias, offs_n, N, HAS_BIAS)
+        y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
 
 
 @triton.jit(do_not_specialize=["M"])

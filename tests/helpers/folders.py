@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 from areal_tik_plugin.runtime import loader
 from areal_tik_plugin.search import edits as E
@@ -21,3 +22,9 @@ def assert_child(parent: pathlib.Path, child: pathlib.Path, changed: list[str]) 
     assert keep(mb) == keep(ma)
     assert loader.load_implementation(str(child)).source_hash == mb["source_hash"]
     return a, b
+
+
+def jit_functions(text: str, decorator: str = "triton") -> dict[str, str]:
+    """A source file's ``@<decorator>.jit`` functions by name, whole (decorator to the next top-level statement)."""
+    found = re.findall(rf"@{decorator}\.jit[^\n]*\n.*?(?=\n\S)", text, flags=re.S)
+    return {re.search(r"def (\w+)", f).group(1): f for f in found}

@@ -18,12 +18,11 @@ SGLang proof (evidence/sglang/sglang_gpu_proof-tik_v13-qwen3-4b-b48.json) and `t
 from __future__ import annotations
 
 import pathlib
-import re
 
 import pytest
 
 from areal_tik_plugin.runtime import loader
-from tests.helpers.folders import assert_child
+from tests.helpers.folders import assert_child, jit_functions
 from tests.helpers.native_build import needs_triton36
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -39,11 +38,6 @@ NARROW = {"1p5b_down", "30b_o", "odd_narrow"}
 NARROW_BN = {256: 64, 512: 128}
 
 
-def _jit_sources(text: str) -> list[str]:
-    """The @gluon.jit functions of gemm_gluon.py, whole (decorator to the next top-level statement)."""
-    return re.findall(r"@gluon\.jit\n.*?(?=\n\S)", text, flags=re.S)
-
-
 def test_tik_v13_is_the_sm90_selection():
     # that the selected folder's hash has passing contract records for every op is
     # tests/tools/test_evidence.py::test_selected_implementation_has_passing_gpu_evidence
@@ -53,7 +47,8 @@ def test_tik_v13_is_the_sm90_selection():
 def test_tik_v13_changes_only_the_gluon_gemm_rule():
     v12, v13 = assert_child(V12, V13, ["gemm_gluon.py"])
     a, b = v12["gemm_gluon.py"], v13["gemm_gluon.py"]
-    assert _jit_sources(a) and _jit_sources(a) == _jit_sources(b)     # the device code is tik_v12's
+    fa, fb = jit_functions(a, "gluon"), jit_functions(b, "gluon")
+    assert fa and fa == fb     # the device code is tik_v12's
     assert "NARROW_RULE = ((193, 512), 4096, (1536, 2048))" in b and "HALVES_1_BANDS = ((193, 512),)" in b
 
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from areal_tik_plugin.runtime import loader
-from tests.helpers.folders import assert_child
+from tests.helpers.folders import assert_child, jit_functions
 from tests.helpers.native_build import needs_triton36
 from tests.helpers.scripts import ptxas_available, run_script
 
@@ -36,15 +36,9 @@ SHAPES = {"1p5b_qkv": (2048, 1536), "1p5b_o": (1536, 1536), "1p5b_gate_up": (179
           "30b_qkv": (5120, 2048), "30b_o": (2048, 4096), "4b_lm_head": (151936, 2560), "odd": (5121, 2049)}
 
 
-def _jit_sources(text: str) -> dict[str, str]:
-    """The @triton.jit functions of a file by name, whole (decorator to the next top-level statement)."""
-    return {re.search(r"def (\w+)", f).group(1): f
-            for f in re.findall(r"@triton\.jit[^\n]*\n.*?(?=\n\S)", text, flags=re.S)}
-
-
 def test_tik_v15_changes_only_gemm_and_one_kernel():
     v13, v15 = assert_child(V13, V15, ["gemm.py"])
-    a, b = _jit_sources(v13["gemm.py"]), _jit_sources(v15["gemm.py"])
+    a, b = jit_functions(v13["gemm.py"]), jit_functions(v15["gemm.py"])
     assert set(b) - set(a) == {"_tma_chain2"} and set(a) <= set(b)
     assert [k for k in a if a[k] != b[k]] == ["_linear_tma_persistent_kernel"]
 
