@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The evidence call for the current source hash: the contract suite (checks + benchmarks) of every op,
 # evidence JSON under $OUT bound to the hash, the short tables last.
-#   bash benchmarks/gpu_final.sh [--parts "ops attention"] [--ops-grid full|quick] [--attn-bench full|quick|none]
+#   bash benchmarks/gpu_final.sh [--parts "ops attention"] [--ops-grid full|quick|none] [--attn-bench full|quick|none]
 #                                [--layer-bench] [--lb-args "--quick"] [--lb-limit 200]
 # --parts: the groups to run (one per device call when both do not fit in one); --ops-grid: the benchmark
-# grid of the non-attention ops; --attn-bench none: attention's checks without its benchmark grid;
+# grid of the non-attention ops (none: their checks alone); --attn-bench none: attention's checks without its
+# benchmark grid;
 # --layer-bench: the layer bench after the suites (its JSON and log under $OUT). Order: ops, attention,
 # layer bench. Carry .whl-liger (the liger_kernel wheel alone) for the Liger-Kernel baseline rows.
 set -o pipefail
@@ -22,7 +23,8 @@ while [ $# -gt 0 ]; do
     *) echo "gpu_final.sh: unknown argument $1 (see the header of benchmarks/gpu_final.sh)" >&2; exit 2;;
   esac
 done
-case "$ops_grid" in full) og=;; quick) og=--quick-bench;; *) echo "--ops-grid: expected full or quick, got $ops_grid" >&2; exit 2;; esac
+case "$ops_grid" in full) og=;; quick) og=--quick-bench;; none) og=--no-bench;;
+  *) echo "--ops-grid: expected full, quick or none, got $ops_grid" >&2; exit 2;; esac
 case "$attn_bench" in full) nb=;; quick) nb=--quick-bench;; none) nb=--no-bench;;
   *) echo "--attn-bench: expected full, quick or none, got $attn_bench" >&2; exit 2;; esac
 mkdir -p "$OUT"
