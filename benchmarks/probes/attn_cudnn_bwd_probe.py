@@ -53,10 +53,10 @@ def cudnn_varlen_bwd(do, q, k, v, o, lse2, cu, max_len, scale, stats_layout):
     if stats_layout == "HT":
         lse = (lse2 * LN2).contiguous()
     lse = lse.unsqueeze(-1)
-    empty = torch.empty(0, device=q.device)
     seed = torch.zeros((), dtype=torch.int64, device=q.device)
     off = torch.zeros((), dtype=torch.int64, device=q.device)
-    return torch.ops.aten._cudnn_attention_backward(do, q, k, v, o, lse, seed, off, empty, cu, cu, max_len, max_len,
+    # None: an undefined tensor, the only "no bias" of the op (a defined empty one is indexed as a bias)
+    return torch.ops.aten._cudnn_attention_backward(do, q, k, v, o, lse, seed, off, None, cu, cu, max_len, max_len,
                                                     0.0, True, scale=scale)
 
 
@@ -64,11 +64,11 @@ def cudnn_dense_bwd(do, q, k, v, o, lse2, B, L, scale):
     def bhld(x):
         return x.view(B, L, x.shape[1], x.shape[2]).transpose(1, 2)
     lse = (lse2 * LN2).view(HQ, B, L).permute(1, 0, 2).contiguous().unsqueeze(-1)
-    empty = torch.empty(0, device=q.device)
     seed = torch.zeros((), dtype=torch.int64, device=q.device)
     off = torch.zeros((), dtype=torch.int64, device=q.device)
+    # undefined bias and cu_seqlens: the dense path (a defined cum_seq_q selects the ragged one)
     dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-        bhld(do), bhld(q), bhld(k), bhld(v), bhld(o), lse, seed, off, empty, empty, empty, L, L, 0.0, True,
+        bhld(do), bhld(q), bhld(k), bhld(v), bhld(o), lse, seed, off, None, None, None, L, L, 0.0, True,
         scale=scale)
     def back(x):
         return x.transpose(1, 2).reshape(B * L, x.shape[1], x.shape[3])

@@ -691,17 +691,22 @@ def cudnn_stats(lse):
     return (lse * LN2).t().contiguous().unsqueeze(-1)
 
 
-def _cudnn_backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, softmax_scale):
-    """cuDNN's fused backward on the packed [T, H, D] tensors (its ragged layout, GQA as is)."""
-    stats = cudnn_stats(lse)
+def cudnn_backward_args(do, q, k, v, o, lse, cu_seqlens, max_seqlen):
+    """The positional arguments of ``aten._cudnn_attention_backward`` for the packed [T, H, D] tensors (cuDNN's
+    ragged layout, GQA as is). attn_bias is None: the schema says Tensor, and only an undefined one means "no
+    bias" there (a defined tensor, even an empty one, is indexed as a bias: torch 2.11 raised IndexError)."""
+    zero = torch.zeros((), dtype=torch.int64, device=q.device)  # dropout seed / offset: unread at dropout 0
     cu = cu_seqlens.to(torch.int32)
     n = int(max_seqlen)
-    empty = torch.empty(0, device=q.device)
-    zero = torch.zeros((), dtype=torch.int64, device=q.device)
+    return (do.contiguous(), q, k, v, o, cudnn_stats(lse), zero, zero, None, cu, cu, n, n, 0.0, True)
+
+
+def _cudnn_backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, softmax_scale):
+    """cuDNN's fused backward of this forward (its O and LSE), on the packed tensors."""
     try:
-        return torch.ops.aten._cudnn_attention_backward(do.contiguous(), q, k, v, o, stats, zero, zero, empty, cu, cu,
-                                                        n, n, 0.0, True, scale=softmax_scale)
-    except RuntimeError as e:
+        return torch.ops.aten._cudnn_attention_backward(
+            *cudnn_backward_args(do, q, k, v, o, lse, cu_seqlens, max_seqlen), scale=softmax_scale)
+    except (RuntimeError, IndexError, ValueError, TypeError) as e:
         raise RuntimeError(
             "attention backward: this implementation runs cuDNN's fused attention backward on the GPU "
             f"(attention.BACKWARD = 'cudnn') and torch {torch.__version__} with cuDNN "

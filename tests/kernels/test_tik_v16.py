@@ -7,8 +7,9 @@ interpreter's path (cuDNN has no CPU kernels) and the knob's other value.
 
 The CPU checks: only attention.py differs from tik_v13, its jit kernels are tik_v13's, and only the backward's
 host code changed; under the interpreter the backward gives tik_v13's gradients bit for bit; the statistics handed
-to cuDNN are the natural-log LSE of the scaled scores (against an fp64 reference of this forward's shapes); a
-refused cuDNN call raises an error naming the knob and the implementation with the Triton backward."""
+to cuDNN are the natural-log LSE of the scaled scores (against an fp64 reference of this forward's shapes); the
+argument list fits aten's schema with an undefined bias; a refused cuDNN call raises an error naming the knob and
+the implementation with the Triton backward."""
 
 from __future__ import annotations
 
@@ -94,3 +95,23 @@ def test_refused_cudnn_call_names_the_way_out():
     o, lse = a16.prefill(q, k, v, cu, 5, 32 ** -0.5, return_lse=True)
     with pytest.raises(RuntimeError, match=r"(?s)BACKWARD = 'cudnn'.*TIK_IMPLEMENTATION=tik_v13"):
         a16._cudnn_backward(do, q, k, v, o, lse, cu, 5, 32 ** -0.5)   # CPU tensors: cuDNN has no CPU kernel
+
+
+def test_cudnn_backward_args_fit_the_schema_without_a_bias():
+    """The call the GPU makes, checked against aten's schema here: a defined attn_bias (even empty) is indexed
+    as a bias by torch's cuDNN backward (the IndexError of the first GPU run), so it must be None (undefined)."""
+    a16 = _att(V16)
+    lens = [7, 12]
+    q, k, v, do = _inputs(lens)
+    cu = _cu(lens).long()
+    o, lse = a16.prefill(q, k, v, cu.int(), 12, 32 ** -0.5, return_lse=True)
+    args = a16.cudnn_backward_args(do.transpose(0, 1).contiguous().transpose(0, 1), q, k, v, o, lse, cu, 12)
+    schema = torch.ops.aten._cudnn_attention_backward.default._schema
+    names = [a.name for a in schema.arguments if not a.kwarg_only]
+    assert len(args) == len(names)
+    by = dict(zip(names, args))
+    assert by["attn_bias"] is None
+    assert by["cum_seq_q"].dtype == torch.int32 and torch.equal(by["cum_seq_q"], cu.int())
+    assert by["max_q"] == by["max_k"] == 12 and by["dropout_p"] == 0.0 and by["is_causal"] is True
+    assert by["grad_out"].is_contiguous() and by["logsumexp"].shape == (sum(lens), 4, 1)
+    assert [a.name for a in schema.arguments if a.kwarg_only] == ["scale"]
