@@ -99,6 +99,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("attn_cudnn_bwd_probe needs a CUDA device (cuDNN's attention has no CPU kernels)", file=sys.stderr)
+        return 2
     from areal_tik_plugin import bench
     from areal_tik_plugin.ops.attention import attention_varlen
     from areal_tik_plugin.runtime.loader import get_implementation
