@@ -13,7 +13,8 @@ causal, packed sequences):
 Accuracy: dq / dk / dv of each against an fp32 reference (fp32 SDPA math on the same bf16 inputs), at odd
 lengths, beside our own backward's error. Timing (cold, ``areal_tik_plugin.bench``): our forward + our
 backward, our forward + each cuDNN backward, and torch SDPA cuDNN fwd+bwd (the benchmark's strongest
-baseline) in the same process.
+baseline) in the same process. Determinism: each backward repeated on its inputs (``repeat_*``: runs whose dq /
+dk / dv bits differ from the first), cuDNN's also under ``torch.use_deterministic_algorithms(True)``.
 
     python -m benchmarks.probes.attn_cudnn_bwd_probe --out DIR
 """
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 LN2 = math.log(2.0)
 HQ, HKV, D = 32, 8, 128
 TIMED = ((1, 1152), (4, 4224), (1, 16512))
+REPEATS = 8
 
 
 
@@ -86,6 +88,19 @@ def reference(q, k, v, do, lens, scale):
         s += n
     o = torch.cat(outs)
     return torch.autograd.grad(o, (qf, kf, vf), do.float())
+
+
+def repeat_bits(fn, n=REPEATS):
+    """Run ``fn`` (-> dq, dk, dv) n times on its inputs: how many runs differ from the first, per gradient."""
+    try:
+        first = [g.clone() for g in fn()]
+        differ = [0, 0, 0]
+        for _ in range(n - 1):
+            for i, g in enumerate(fn()):
+                differ[i] += int(not torch.equal(g.view(torch.int16), first[i].view(torch.int16)))
+        return {"runs": n, "differ_dq_dk_dv": differ}
+    except Exception as e:  # noqa: BLE001
+        return {"runs": n, "error": repr(e)[:800]}
 
 
 def err(x, ref):
@@ -201,6 +216,16 @@ def main(argv=None) -> int:
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
             return torch.autograd.grad(o, (qs, ks, vs), dos)
 
+        # the same call again on the same inputs: a policy update must replay (the contract's grad_repeat checks);
+        # torch documents its cuDNN attention backward as nondeterministic
+        for name, fn in (("triton", fb_triton), ("cudnn_varlen", fb_varlen)):
+            row[f"repeat_{name}"] = repeat_bits(fn)
+        if not torch.are_deterministic_algorithms_enabled():
+            torch.use_deterministic_algorithms(True)
+            try:
+                row["repeat_cudnn_varlen_deterministic_mode"] = repeat_bits(fb_varlen)
+            finally:
+                torch.use_deterministic_algorithms(False)
         for name, fn in (("ours_fwd_bwd", ours_fb), ("ours_fwd", fwd_only), ("ours_fwd+triton_bwd", fb_triton), ("ours_fwd+cudnn_varlen_bwd", fb_varlen),
                          ("ours_fwd+cudnn_dense_bwd", fb_dense), ("torch SDPA cuDNN fwd+bwd", sdpa_cudnn)):
             try:
@@ -226,6 +251,9 @@ def main(argv=None) -> int:
         print(f"b{r['B']}_L{r['L']:<7} {fmt(r['ours_fwd_bwd']):>10} {fmt(r['ours_fwd']):>9} "
               f"{fmt(r['ours_fwd+triton_bwd']):>9} {fmt(r['ours_fwd+cudnn_varlen_bwd']):>15} {fmt(r['ours_fwd+cudnn_dense_bwd']):>14} "
               f"{fmt(r['torch SDPA cuDNN fwd+bwd']):>10}")
+    for r in rec["timing"]:
+        print(f"repeats b{r['B']}_L{r['L']}:", {k[7:]: v.get("differ_dq_dk_dv", v.get("error")) for k, v in r.items()
+                                                if k.startswith("repeat_")})
     print(f"{rec['seconds']:.0f} s -> {path}")
     return 0
 

@@ -45,3 +45,22 @@ def test_needs_cuda(capsys, tmp_path):
     if not torch.cuda.is_available():
         assert probe.main(["--out", str(tmp_path)]) == 2
         assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_repeat_bits_counts_the_runs_that_differ():
+    probe = load_script("attn_cudnn_bwd_probe")
+    g = [torch.randn(7, 3, dtype=torch.bfloat16) for _ in range(3)]
+    assert probe.repeat_bits(lambda: g, n=4) == {"runs": 4, "differ_dq_dk_dv": [0, 0, 0]}
+    calls = []
+
+    def drifting():  # dk one ulp off on every other call
+        calls.append(1)
+        dk = g[1].view(torch.int16) ^ (len(calls) % 2)
+        return g[0], dk.view(torch.bfloat16), g[2]
+
+    assert probe.repeat_bits(drifting, n=5) == {"runs": 5, "differ_dq_dk_dv": [0, 2, 0]}
+
+    def refused():
+        raise RuntimeError("no cuDNN here")
+
+    assert "no cuDNN here" in probe.repeat_bits(refused)["error"]
