@@ -217,7 +217,7 @@ def main(argv=None) -> int:
             return torch.autograd.grad(o, (qs, ks, vs), dos)
 
         # the same call again on the same inputs: a policy update must replay (the contract's grad_repeat checks);
-        # torch documents its cuDNN attention backward as nondeterministic
+        # PyTorch lists its cuDNN attention backward as nondeterministic (pytorch/pytorch#182551)
         for name, fn in (("triton", fb_triton), ("cudnn_varlen", fb_varlen)):
             row[f"repeat_{name}"] = repeat_bits(fn)
         if not torch.are_deterministic_algorithms_enabled():
