@@ -16,7 +16,6 @@ Usage: ``python benchmarks/compile_attention_sm90.py [--impl DIR] [--json OUT.js
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import re
@@ -104,8 +103,9 @@ def compile_launch(kernel, args, kw):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def cases(attn, torch):
-    """(label, launcher call) at the spec's head shape; lengths only pick grids, not the compiled code."""
+def cases(attn, torch, bwd_configs=()):
+    """(label, launcher call) at the spec's head shape; lengths only pick grids, not the compiled code.
+    ``bwd_configs``: ``prefill_backward(config=...)`` overrides, each its own case "backward <json>"."""
     bf16 = torch.bfloat16
     Hq, Hkv, D = 32, 8, 128
     scale = attn.default_scale(D)
@@ -132,9 +132,8 @@ def cases(attn, torch):
         ("decode page1", lambda: attn.decode(qd, pool, pool, lens, table4, rows4, scale, 1, 4096)),
         ("decode page16", lambda: attn.decode(qd, pool, pool, lens, table4, rows4, scale, 16, 4096)),
         ("backward", lambda: attn.prefill_backward(q, q, k, k, q, lse, cu, T, scale)),
-    ] + ([("backward per-head", lambda: attn.prefill_backward(q, q, k, k, q, lse, cu, T, scale,
-                                                              config={"per_head": True}))]
-         if "config" in inspect.signature(attn.prefill_backward).parameters else [])
+    ] + [(f"backward {json.dumps(c, sort_keys=True)}",
+          lambda c=c: attn.prefill_backward(q, q, k, k, q, lse, cu, T, scale, config=c)) for c in bwd_configs]
 
 
 def main(argv=None) -> int:
@@ -143,7 +142,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="", help="write the per-kernel facts to this JSON file")
     ap.add_argument("--label", default="", help="name of this implementation in the JSON (default: --impl)")
     ap.add_argument("--only", default="", help="comma list of case labels to compile (e.g. 'prefill,decode page1')")
+    ap.add_argument("--bwd-configs", default="[]",
+                    help='JSON list of prefill_backward config overrides to compile too (e.g. \'[{"per_head": true}]\')')
     args = ap.parse_args(argv)
+    bwd_configs = json.loads(args.bwd_configs)
+    if not isinstance(bwd_configs, list) or not all(isinstance(c, dict) for c in bwd_configs):
+        raise SystemExit(f"--bwd-configs: expected a JSON list of objects, got {args.bwd_configs!r}")
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     from benchmarks.compile_rowops_sm90 import Capture, load_impl_no_interp
 
@@ -155,8 +159,8 @@ def main(argv=None) -> int:
 
     out, failures = {}, []
     only = [x for x in args.only.split(",") if x]
-    for label, fn in cases(attn, torch):
-        if only and label not in only:
+    for label, fn in cases(attn, torch, bwd_configs):
+        if only and label not in only and not (label.startswith("backward ") and "backward" in only):
             continue
         with Capture() as cap:
             fn()

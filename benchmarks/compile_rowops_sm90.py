@@ -65,7 +65,7 @@ class Capture:
 
 
 _DT = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32", "torch.int32": "i32",
-       "torch.int64": "i64", "torch.int16": "i16", "torch.int8": "i8", "torch.float8_e4m3fn": "fp8e4nv"}
+       "torch.int64": "i64", "torch.uint64": "u64", "torch.int16": "i16", "torch.int8": "i8", "torch.float8_e4m3fn": "fp8e4nv"}
 
 
 def compile_record(kernel, args, kw):
