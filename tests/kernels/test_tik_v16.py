@@ -1,4 +1,6 @@
 """kernels/tik_v16: tik_v13 whose attention backward runs cuDNN's fused backward on the GPU (attention.BACKWARD).
+Selected nowhere: on the H100 that backward (torch 2.11, cuDNN 9.19, ragged layout) gave wrong, unrepeatable and
+slow gradients (docs/performance.md); these tests keep the folder's CPU behaviour pinned.
 
 The contract binds the forward only: rollout's rows equal the training forward's. Gradients have no bit contract,
 only the tolerance table, so the training step may run the fastest correct backward a user has; given this
