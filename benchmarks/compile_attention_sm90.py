@@ -141,7 +141,8 @@ def main(argv=None) -> int:
     ap.add_argument("--impl", default=os.path.join(os.path.dirname(__file__), "..", "kernels", "tik_v1"))
     ap.add_argument("--json", default="", help="write the per-kernel facts to this JSON file")
     ap.add_argument("--label", default="", help="name of this implementation in the JSON (default: --impl)")
-    ap.add_argument("--only", default="", help="comma list of case labels to compile (e.g. 'prefill,decode page1')")
+    ap.add_argument("--only", default="", help="comma list of case labels to compile (e.g. 'prefill,decode page1'); "
+                    "'backward' also takes the --bwd-configs cases")
     ap.add_argument("--bwd-configs", default="[]",
                     help='JSON list of prefill_backward config overrides to compile too (e.g. \'[{"per_head": true}]\')')
     args = ap.parse_args(argv)
