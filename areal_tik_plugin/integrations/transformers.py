@@ -635,8 +635,43 @@ def _family(model_type: str):
         cls = getattr(mod, cname, None)
         if cls is None:
             raise NotImplementedError(f"{modname}.{cname} not found in this transformers version")
+        _exclude_from_hub_kernels(cls)
         table[cls] = fn
     return mod, prefix, table
+
+
+# transformers' hub kernelization (the ``kernels`` package, a dependency of transformers >= 5.2x and of
+# SGLang; on by default) rebinds the forward of every module whose class is marked with
+# ``use_kernel_forward_from_hub`` (the RMSNorms): at ``from_pretrained`` and again at every
+# ``train()`` / ``eval()`` switch, to a hub kernel where one loads, else by dropping the instance
+# forward. Either way a bound tik forward would be gone -- after ``model.train()`` the stock RMSNorm
+# ran the training forward, a few rows off the rollout's bits. So modules running our forwards are
+# excluded through the class's ``kernel_condition`` (consulted by kernelize), and a patched model stops
+# kernelizing (for ``kernels`` releases without conditions).
+def _runs_tik(module) -> bool:
+    return "_tik_patched" in module.__dict__ or bool(getattr(type(module), "_tik_class_patched", False))
+
+
+def _exclude_from_hub_kernels(cls) -> None:
+    if not hasattr(cls, "kernel_layer_name"):
+        return
+    prev = getattr(cls, "kernel_condition", None)
+    if getattr(prev, "_tik_guard", False):
+        return
+
+    def kernel_condition(module, _prev=prev):
+        return not _runs_tik(module) and (_prev is None or bool(_prev(module)))
+
+    kernel_condition._tik_guard = True
+    # a staticmethod, as kernels stores it: read through the class it takes the module only
+    cls.kernel_condition = staticmethod(kernel_condition)
+
+
+def _stop_kernelizing(model) -> None:
+    """Turn transformers' hub kernelization off for ``model`` (its setter puts the torch forwards back
+    and keeps ``train()`` / ``eval()`` from kernelizing again). Run before our forwards are bound."""
+    if getattr(model, "use_kernels", False):
+        model.use_kernels = False
 
 
 def check_config(config) -> None:
@@ -704,7 +739,8 @@ def _bind(root, model_type: str) -> int:
     for m in root.modules():
         for cls, fn in table.items():
             if isinstance(m, cls):
-                if "_tik_patched" not in m.__dict__:
+                bound = m.__dict__.get("forward")
+                if getattr(bound, "__func__", None) is not fn:  # new, or rebound by someone else since
                     m.forward = types.MethodType(fn, m)
                     m._tik_patched = True
                 n += 1
@@ -726,7 +762,9 @@ def apply_to_model(model):
 
     Binds replacement ``forward`` methods on the model's RMSNorm, rotary, attention, MLP / MoE
     modules and ``lm_head`` and switches its attention implementation to :data:`TIK_ATTENTION`.
-    Works after FSDP2 ``fully_shard`` as well. Returns ``model``. Undo with :func:`revert`.
+    Works after FSDP2 ``fully_shard`` as well. Turns transformers' hub kernelization off for the model
+    (it would rebind the RMSNorms at the next ``train()`` / ``eval()``). Returns ``model``. Undo with
+    :func:`revert`.
     """
     from areal_tik_plugin import versions
 
@@ -735,6 +773,8 @@ def apply_to_model(model):
     config = model.config
     check_config(config)
     require_ops(_ops_for(config.model_type))
+    _family(config.model_type)  # excludes the family's classes from hub kernelization
+    _stop_kernelizing(model)
     if _bind(model, config.model_type) == 0:
         raise ValueError(f"{type(model).__name__}: found no {config.model_type} modules to patch")
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
