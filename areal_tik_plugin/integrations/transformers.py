@@ -550,8 +550,40 @@ def _rmsnorm_forward(self, hidden_states):
 
 
 def _rotary_forward(self, x, position_ids):
+    watch = self.__dict__.get("_tik_watch")
+    if watch is not None and not torch.compiler.is_compiling():
+        _check_forwards(watch)
     inv, scaling = rope_params(self, x.device)
     return TikRotary(position_ids, inv, scaling)
+
+
+def _watch(root, model_type: str) -> None:
+    """Give the rotary embeddings under ``root`` the list of modules the patch routes (name, module,
+    forward): the rotary forward runs once per model forward and checks that every one of them still
+    runs ours, so a forward rebound later (hub kernelization with a ``kernels`` release that ignores
+    ``kernel_condition``, user code) is an error instead of a silent stock kernel."""
+    _, _, table = _family(model_type)
+    watch = []
+    for name, m in root.named_modules():
+        for cls, fn in table.items():
+            if isinstance(m, cls):
+                watch.append((name or type(m).__name__, m, fn))
+                break
+    for _, m, fn in watch:
+        if fn is _rotary_forward:
+            m.__dict__["_tik_watch"] = watch
+
+
+def _check_forwards(watch) -> None:
+    for name, m, fn in watch:
+        f = m.__dict__.get("forward")
+        got = getattr(f, "__func__", f) if f is not None else getattr(type(m), "forward", None)
+        if got is not fn:
+            raise RuntimeError(
+                f"{name} ({type(m).__name__}): its forward was rebound after the tik patch and now runs "
+                f"{getattr(got, '__qualname__', got)!r}, not the plugin's {fn.__name__}. Something rebinds module "
+                "forwards after apply_to_model (transformers' hub kernelization does at train() / eval() while "
+                "model.use_kernels is on); call apply_to_model(model) again after it")
 
 
 def _mlp_forward(self, x):
@@ -640,7 +672,7 @@ def _family(model_type: str):
     return mod, prefix, table
 
 
-# transformers' hub kernelization (the ``kernels`` package, a dependency of transformers >= 5.2x and of
+# transformers' hub kernelization (the ``kernels`` package, a dependency of transformers 5.25 and of
 # SGLang; on by default) rebinds the forward of every module whose class is marked with
 # ``use_kernel_forward_from_hub`` (the RMSNorms): at ``from_pretrained`` and again at every
 # ``train()`` / ``eval()`` switch, to a hub kernel where one loads, else by dropping the instance
@@ -777,6 +809,7 @@ def apply_to_model(model):
     _stop_kernelizing(model)
     if _bind(model, config.model_type) == 0:
         raise ValueError(f"{type(model).__name__}: found no {config.model_type} modules to patch")
+    _watch(model, config.model_type)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and "_tik_patched" not in head.__dict__:
         head.forward = types.MethodType(_lm_head_forward, head)
@@ -790,6 +823,7 @@ def apply_to_model(model):
 def revert(model):
     """Undo :func:`apply_to_model` (and the lm_head/attention switch of the class-level patches)."""
     for m in model.modules():
+        m.__dict__.pop("_tik_watch", None)
         if m.__dict__.pop("_tik_patched", False):
             m.__dict__.pop("forward", None)
     prev = model.__dict__.pop("_tik_prev_attn", None)
@@ -822,7 +856,7 @@ def _save_and_set(cls, attr, value):
 _MISSING = object()
 
 
-def _wrap_init(cls, head: bool):
+def _wrap_init(cls, head: bool, model_type: str):
     orig = cls.__dict__["__init__"] if (cls, "__init__") not in _CLASS_SAVED else _CLASS_SAVED[(cls, "__init__")]
 
     @functools.wraps(orig)
@@ -836,6 +870,7 @@ def _wrap_init(cls, head: bool):
         if "_tik_prev_attn" not in self.__dict__:
             self._tik_prev_attn = getattr(self.config, "_attn_implementation", None)
         _set_attn(self, TIK_ATTENTION)
+        _watch(self, model_type)
 
     return __init__
 
@@ -855,7 +890,7 @@ def _apply_classes(model_type: str, model=None):
         _save_and_set(cls, "_tik_class_patched", True)
     for cname, head in ((f"{prefix}Model", False), (f"{prefix}ForCausalLM", True)):
         cls = getattr(mod, cname)
-        _save_and_set(cls, "__init__", _wrap_init(cls, head))
+        _save_and_set(cls, "__init__", _wrap_init(cls, head, model_type))
     return None
 
 

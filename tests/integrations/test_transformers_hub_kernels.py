@@ -7,6 +7,7 @@ few tokens (the SGLang proof caught one). CPU: kernels run under TRITON_INTERPRE
 from __future__ import annotations
 
 import importlib.util
+import types
 
 import pytest
 import torch
@@ -84,10 +85,19 @@ def test_live_patch_survives_train_eval_and_rekernelization(ckpt, stock_case, ki
     model.use_kernels = True
     model.train()
     assert all(m.forward.__func__ is T._rmsnorm_forward for m in _norms(model))
-    # a patch applied again after someone rebound a forward restores ours
+    # a forward rebound behind the patch's back: the next model forward refuses (before any layer runs),
+    # naming the module; a patch applied again restores ours
+    norm.forward = types.MethodType(type(norm).forward, norm)
+    with pytest.raises(RuntimeError, match=r"model\.norm \(.*RMSNorm\).*rebound"):
+        model(input_ids=ids)
     norm.__dict__.pop("forward")
+    with pytest.raises(RuntimeError, match=r"model\.norm"):
+        model(input_ids=ids)
     T.apply_to_model(model)
     assert norm.forward.__func__ is T._rmsnorm_forward
+    if kind == "qwen3":
+        with torch.no_grad():
+            assert _bits_equal(model(input_ids=ids).logits, ref)
     # revert: the stock forward again, and kernelization may take the module back
     T.revert(model)
     assert "forward" not in norm.__dict__ and not T._runs_tik(norm)
@@ -104,5 +114,10 @@ def test_class_level_patch_survives_train_eval(ckpt, stock_case):
             assert all("forward" not in m.__dict__ and type(m).forward is T._rmsnorm_forward for m in _norms(model))
             with torch.no_grad():
                 assert _bits_equal(model.model.norm(x), want), f"train({mode})"
+        # an instance forward bound over the patched class is refused as well
+        layer_norm = model.model.layers[1].input_layernorm
+        layer_norm.forward = types.MethodType(lambda self, h: h, layer_norm)
+        with pytest.raises(RuntimeError, match=r"model\.layers\.1\.input_layernorm"):
+            model(input_ids=torch.arange(3, 9).view(1, -1))
     finally:
         T.revert_tik_kernels()
