@@ -667,7 +667,6 @@ def _family(model_type: str):
         cls = getattr(mod, cname, None)
         if cls is None:
             raise NotImplementedError(f"{modname}.{cname} not found in this transformers version")
-        _exclude_from_hub_kernels(cls)
         table[cls] = fn
     return mod, prefix, table
 
@@ -767,6 +766,8 @@ def _set_attn(model, name: str) -> None:
 # ------------------------------------------------------------------------------------------------
 def _bind(root, model_type: str) -> int:
     _, _, table = _family(model_type)
+    for cls in table:
+        _exclude_from_hub_kernels(cls)
     n = 0
     for m in root.modules():
         for cls, fn in table.items():
@@ -805,7 +806,6 @@ def apply_to_model(model):
     config = model.config
     check_config(config)
     require_ops(_ops_for(config.model_type))
-    _family(config.model_type)  # excludes the family's classes from hub kernelization
     _stop_kernelizing(model)
     if _bind(model, config.model_type) == 0:
         raise ValueError(f"{type(model).__name__}: found no {config.model_type} modules to patch")
@@ -886,6 +886,7 @@ def _apply_classes(model_type: str, model=None):
     register_attention()
     mod, prefix, table = _family(model_type)
     for cls, fn in table.items():
+        _exclude_from_hub_kernels(cls)
         _save_and_set(cls, "forward", fn)
         _save_and_set(cls, "_tik_class_patched", True)
     for cname, head in ((f"{prefix}Model", False), (f"{prefix}ForCausalLM", True)):
