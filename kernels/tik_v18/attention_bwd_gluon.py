@@ -1,5 +1,5 @@
 """sm_90 fused attention backward in Gluon: five wgmma per tile pair, dQ added as integers by TMA bulk reduce-adds
-that run behind the next tile's matmuls.
+that run behind the next tile pair's matmuls.
 
 The backward has no bit contract (docs/numerics.md): its gradients meet the tolerance table and repeat their bits
 call after call. tik_v17 made dQ's accumulation order-free (each tile's dQ contribution scaled by a per-row power
@@ -9,25 +9,33 @@ b4 L4224 on an H100, evidence/probes/attn_bwd_probe-tik_v17-warps4.json): the in
 one after the other with the matmuls (Triton waits for each descriptor reduce before the next tile), and its
 64-key tiles doubled that traffic. Here:
 
-* a program is 128 keys of one kv head of one sequence on two warpgroups (each 64 key rows), FA3's swapped
-  form: S^T = K Q^T and dP^T = V dO^T put the keys on the MMA's M, so P^T and dS^T are already the A operands of
-  dV += P^T dO and dK += dS^T Q (registers, no transpose through shared memory); dK / dV stay in registers;
-* dS^T goes to shared memory once, and dQ = dS K reads it transposed (both warpgroups, 64 head dims each);
-* the integer dQ tile is written to one of two shared buffers and sent with a TMA bulk reduce-add (``_tma_add``:
-  the GluonOpBuilder op Triton's descriptor ``atomic_add`` lowers to); the next tile's loads and matmuls run
-  while it is in flight, and a buffer is written again only after its reduce has read it (``store_wait(1)``);
-* Q / dO come through TMA into a ring of two slots, loaded one tile pair ahead.
+* a program is 128 keys of one kv head of one sequence on two warpgroups (8 warps, one program per SM); S = Q K^T
+  and dP = dO V^T put the 64 query rows on the MMA's M and split the keys over the warpgroups, so the per-row lse
+  and delta take two registers; P and dS go to shared memory (the input dtype), where dV += P^T dO and
+  dK += dS^T Q read them transposed (each warpgroup its 64 keys) and dQ = dS K reads dS (each warpgroup 64 head
+  dims); dK / dV stay in registers;
+* the integer dQ tile is written to shared memory and sent with a TMA bulk reduce-add (``_tma_add``: the
+  GluonOpBuilder op Triton's descriptor ``atomic_add`` lowers to); the next tile pair's loads and matmuls run while
+  it is in flight, and the buffer is written again after ``store_wait(0)`` there;
+* Q / dO come through TMA into a ring of two slots, loaded two tile pairs ahead.
 
-Half the key rows per tile halve the reduce bytes of tik_v17's 64-key default (one [64, D] int32 tile per 128
-keys). Values: the same formulas as tik_v17's ``_bwd_fused_kernel`` (p = exp2(s * scale - lse) where causal and
-in the sequence, 0 elsewhere; ds = p (dp - delta) in fp32, rounded to the input dtype for the matmuls; dK scaled
-by the softmax scale at the end), with int32 accumulation at the scale of ``attention._bwd_fx_preprocess``
-(SHIFT 31). Rows of a tile past the sequence's end read the next sequence's rows (or TMA's zero fill): p is 0
-there, so their dQ integers are 0 and add nothing.
+128 keys per program halve the reduce bytes of tik_v17's 64-key default (one [64, D] int32 tile per 128 keys).
+Values: the same formulas as tik_v17's ``_bwd_fused_kernel`` (p = exp2(s * scale - lse), 0 where the key is after
+the row; ds = p (dp - delta) in fp32, rounded to the input dtype for the matmuls; dK scaled by the softmax scale at
+the end), with int32 accumulation at the scale of ``attention._bwd_fx_preprocess`` (SHIFT 31). Rows of a tile past
+the sequence's end read the next sequence's rows (or TMA's zero fill) and get lse +inf, so p is 0 there and their
+dQ integers are 0.
+
+Measured on an H100 (evidence/tik_v18/, evidence/probes/attn_bwd_probe-tik_v18.json): every backward check of the
+contract suite passes (tolerance table, repeat bits), and it is no faster than tik_v13's split kernels: 5.38
+against 5.23 ms at b4 L4224, 16.7 against 17.5 at b1 L16512, 334 against 237 us at b1 L1152. That is ~4.7 us per
+tile pair on an SM, about three times the pair's MMA time: both warpgroups run every phase in step (three CTA
+barriers per pair), so the tensor cores wait during the softmax, the shared-memory stores and the dQ conversion
+(ptxas: 255 registers, 216 bytes spilled). tik_v19 warp-specializes it.
 
 Gluon has no CPU interpreter: on the CPU ``attention.py``'s Triton kernels run, and this file is compiled for
-sm_90 (``python benchmarks/compile_attention_bwd_gluon_sm90.py``). Not measured on a GPU yet: attention.py takes
-it only where ``BWD_DQ`` is "gluon" and ``applies`` holds.
+sm_90 (``python benchmarks/compile_attention_bwd_gluon_sm90.py``). attention.py takes it where ``BWD_DQ`` is
+"gluon" and ``applies`` holds; kernels/selection.json selects this folder for no GPU.
 """
 
 from __future__ import annotations
