@@ -545,10 +545,21 @@ def _bwd_dq_kernel(
 
 
 @triton.jit
+def _sqrt_ub(x):
+    """A power of two in [sqrt(x), 2 sqrt(x)] for finite x >= 2^-126 (x in [2^e, 2^(e+1)): 2^ceil((e+1)/2)); 2^-63
+    for 0 and subnormals; inf / NaN stay. The fixed point needs only its bound's exponent, and without a sqrt the
+    backward keeps the forward's instruction families (tik search's per-path instruction check refuses a sqrt that
+    only prefill_backward runs)."""
+    ex = (x.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    ub = ((((ex - 127 + 2) >> 1) + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.where(ex == 255, x, ub)
+
+
+@triton.jit
 def _bwd_kv_bound_kernel(K, V, KVB, stride_kt, stride_kh, total, D: tl.constexpr, BLOCK: tl.constexpr,
                          PDL: tl.constexpr = False):
-    """KVB[h] = (max |K[:, h, :]|, max_t ||V[t, h, :]||_2): the key / value factors of dQ's bound. fp32 max is
-    exact and commutative, so the atomics give the same bits in any order."""
+    """KVB[h] = (max |K[:, h, :]|, a power of two >= max_t ||V[t, h, :]||_2): the key / value factors of dQ's
+    bound. fp32 max is exact and commutative, so the atomics give the same bits in any order."""
     pdl_start(PDL)
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -559,7 +570,7 @@ def _bwd_kv_bound_kernel(K, V, KVB, stride_kt, stride_kh, total, D: tl.constexpr
     k = tl.load(K + ptr, mask=ok[:, None], other=0.0).to(tl.float32)
     v = tl.load(V + ptr, mask=ok[:, None], other=0.0).to(tl.float32)
     tl.atomic_max(KVB + 2 * h, tl.max(tl.max(tl.abs(k), 1), 0), sem="relaxed")
-    tl.atomic_max(KVB + 2 * h + 1, tl.max(tl.sqrt_rn(tl.sum(v * v, 1)), 0), sem="relaxed")
+    tl.atomic_max(KVB + 2 * h + 1, tl.max(_sqrt_ub(tl.sum(v * v, 1)), 0), sem="relaxed")
 
 
 @triton.jit
@@ -568,9 +579,10 @@ def _bwd_fx_preprocess(O, DO, KVB, DELTA, SCALE, stride_ot, stride_oh, total, H,
     """DELTA = rowsum(O * dO) and SCALE, the power of two that maps row t of head h into the fixed-point range.
 
     With p <= 1 and sum_j p_j = 1 (the forward's LSE), every partial sum of dQ[t, h, d] = sum_j ds_j K[j, d],
-    ds_j = p_j (dO_t . V_j - delta_t), is at most bound = max|K| (||dO_t|| max||V|| + |delta_t|); twice that
-    covers the dot's and bf16 ds's rounding (the bound is reached: two keys K and -K at equal weight, V and -V
-    along dO). With b = 2 bound, SCALE = 2^(SHIFT - 1 - floor(log2 b)) puts b * SCALE in [2^(SHIFT-1), 2^SHIFT),
+    ds_j = p_j (dO_t . V_j - delta_t), is at most bound = max|K| (||dO_t|| max||V|| + |delta_t|), the norms here
+    taken as powers of two at most twice their value (_sqrt_ub), so the bound is up to 4x loose (two bits of the
+    fixed point); twice it covers the dot's and bf16 ds's rounding (the exact bound is reached: two keys K and -K
+    at equal weight, V and -V along dO). With b = 2 bound, SCALE = 2^(SHIFT - 1 - floor(log2 b)) puts b * SCALE in [2^(SHIFT-1), 2^SHIFT),
     so every partial sum stays under 2^(SHIFT-1) in magnitude, whatever order the integers are added in
     (SHIFT 31 / 63: int32 / int64). A non-finite bound (inf / NaN inputs) gives SCALE = NaN, which the
     finalize turns into a NaN dQ row, as fp32 accumulation would."""
@@ -586,7 +598,7 @@ def _bwd_fx_preprocess(O, DO, KVB, DELTA, SCALE, stride_ot, stride_oh, total, H,
     delta = tl.sum(o * do, 1)
     kb = tl.load(KVB + 2 * (h // GROUP))
     vb = tl.load(KVB + 2 * (h // GROUP) + 1)
-    bound = 2.0 * kb * (tl.sqrt_rn(tl.sum(do * do, 1)) * vb + tl.abs(delta))
+    bound = 2.0 * kb * (_sqrt_ub(tl.sum(do * do, 1)) * vb + tl.abs(delta))
     bexp = (bound.to(tl.int32, bitcast=True) >> 23) & 0xFF
     s = tl.minimum(tl.maximum(SHIFT - 1 - (bexp - 127), -125), 125)
     scale = ((s + 127) << 23).to(tl.float32, bitcast=True)
