@@ -93,21 +93,24 @@ def test_fused_backward_is_as_accurate_as_tik_v13s_and_repeats(config):
         assert torch.equal(g.view(torch.int16), h.view(torch.int16))
 
 
-@pytest.mark.parametrize("dq", ["int32", "int64"])
+V19 = ROOT / "kernels" / "tik_v19"   # its fixed point bounds the norms by powers of two (no sqrt)
+
+
+@pytest.mark.parametrize("folder,dq", [(V17, "int32"), (V17, "int64"), (V19, "int32")])
 @pytest.mark.parametrize("do_scale,k_scale", [(1e-20, 1.0), (1e15, 1.0), (1.0, 40.0)])
-def test_fixed_point_range_holds_at_the_edges(dq, do_scale, k_scale):
+def test_fixed_point_range_holds_at_the_edges(folder, dq, do_scale, k_scale):
     """Tiny dO (scale clamps at 2^125), huge dO (exponent near fp32's top) and large K (peaked softmax, the
     bound's K and V factors large): no overflow, no lost precision, dq as accurate as tik_v13's split kernels."""
     lens = [33, 9]
-    a17 = _att(V17)
+    att = _att(folder)
     q, k, v, do = _inputs(lens, seed=5, dtype=torch.float32)
     do, k = (do * do_scale).bfloat16(), (k * k_scale).bfloat16()
     q, v = q.bfloat16(), v.bfloat16()
     cu, n, scale = _cu(lens), max(lens), 32 ** -0.5
-    o, lse = a17.prefill(q, k, v, cu, n, scale, return_lse=True)
+    o, lse = att.prefill(q, k, v, cu, n, scale, return_lse=True)
     ref = _reference(q, k, v, do, lens, scale)
-    got = a17.prefill_backward(do, q, k, v, o, lse, cu, n, scale, config={"dq": dq})
-    split = a17.prefill_backward(do, q, k, v, o, lse, cu, n, scale, config={"dq": "split"})
+    got = att.prefill_backward(do, q, k, v, o, lse, cu, n, scale, config={"dq": dq})
+    split = att.prefill_backward(do, q, k, v, o, lse, cu, n, scale, config={"dq": "split"})
     assert torch.isfinite(got[0]).all()
     assert _rel(got[0], ref[0]) <= 1.02 * _rel(split[0], ref[0]) + 1e-4
 
@@ -138,15 +141,16 @@ def test_the_bound_is_reached_without_overflow(dq, mag):
     assert torch.equal(dq[1].float(), want[1].to(torch.bfloat16).float()) and not dq[0].any()
 
 
-def test_nan_inputs_give_nan_where_the_split_backward_does():
+@pytest.mark.parametrize("folder", [V17, V19])
+def test_nan_inputs_give_nan_where_the_split_backward_does(folder):
     lens = [20, 12]
-    a17 = _att(V17)
+    att = _att(folder)
     q, k, v, do = _inputs(lens, seed=7)
     q[25, 1, 3] = float("nan")
     cu, n, scale = _cu(lens), max(lens), 32 ** -0.5
-    o, lse = a17.prefill(q, k, v, cu, n, scale, return_lse=True)
-    got = a17.prefill_backward(do, q, k, v, o, lse, cu, n, scale)
-    split = a17.prefill_backward(do, q, k, v, o, lse, cu, n, scale, config={"dq": "split"})
+    o, lse = att.prefill(q, k, v, cu, n, scale, return_lse=True)
+    got = att.prefill_backward(do, q, k, v, o, lse, cu, n, scale)
+    split = att.prefill_backward(do, q, k, v, o, lse, cu, n, scale, config={"dq": "split"})
     for g, s in zip(got, split):
         assert s.isnan().any() and torch.equal(g.isnan(), s.isnan())
 
